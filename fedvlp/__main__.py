@@ -1,0 +1,5 @@
+import sys
+
+from fedvlp.cli import main
+
+sys.exit(main())

@@ -1,0 +1,118 @@
+"""CLIP backbones through open_clip: the tiny CLIP fedvlp pretrains itself, and real ones.
+
+`load_clip` is the one loader for every CLIP-like backbone. `ClipBackbone` wraps the frozen
+model with what the methods need: image features in fixed chunks (so a sample's feature never
+depends on which worker or batch computed it) and a text encoder that takes token embeddings,
+so learned prompt vectors can stand in for words (CoOp).
+"""
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import numpy as np
+import open_clip
+import torch
+import torch.nn.functional as F
+
+from fedvlp.errors import BackboneError
+
+TINY_CLIP = "tiny-clip"
+FEATURE_CHUNK = 256  # images per forward pass; fixed so features are placement-independent
+
+open_clip.add_model_config(Path(__file__).parent / "model_configs" / f"{TINY_CLIP}.json")
+
+
+def create_clip(name: str, pretrained: str | None = None) -> torch.nn.Module:
+    """Build an open_clip model; `pretrained` is an open_clip tag ('openai'), a checkpoint path, or None."""
+    if name not in open_clip.list_models():
+        raise BackboneError(f"backbone.name: unknown open_clip model {name!r} (try ViT-B-16 or {TINY_CLIP})")
+    if pretrained and Path(pretrained).expanduser().exists():
+        pretrained = str(Path(pretrained).expanduser())
+    elif pretrained and pretrained not in open_clip.list_pretrained_tags_by_model(name):
+        raise BackboneError(
+            f"backbone.pretrained: {pretrained!r} is neither a checkpoint file nor an open_clip tag of {name} "
+            f"({', '.join(open_clip.list_pretrained_tags_by_model(name)) or 'none'})"
+        )
+    logging.getLogger().setLevel(max(logging.getLogger().level, logging.ERROR))  # open_clip warns on random init
+    try:
+        return open_clip.create_model(name, pretrained=pretrained or None)
+    except Exception as exc:  # offline hub, corrupt file: one line that says how to provide weights
+        raise BackboneError(
+            f"backbone {name}/{pretrained}: weights could not be loaded ({type(exc).__name__}). "
+            f"Download them where there is internet (python -c \"import open_clip; "
+            f"open_clip.create_model('{name}', pretrained='{pretrained}')\") and copy the HF cache here, "
+            f"or set backbone.pretrained to a local checkpoint path"
+        ) from None
+
+
+class ClipBackbone(torch.nn.Module):
+    """A frozen open_clip model plus the encoders the prompt-tuning methods share."""
+
+    def __init__(self, model: torch.nn.Module, name: str):
+        super().__init__()
+        self.model = model.eval().requires_grad_(False)
+        self.name = name
+        self.tokenizer = open_clip.get_tokenizer(name)
+        cfg = model.visual.preprocess_cfg
+        self.image_size = tuple(cfg["size"]) if isinstance(cfg["size"], (tuple, list)) else (cfg["size"],) * 2
+        self.register_buffer("mean", torch.tensor(cfg["mean"]).view(1, 3, 1, 1), persistent=False)
+        self.register_buffer("std", torch.tensor(cfg["std"]).view(1, 3, 1, 1), persistent=False)
+
+    @property
+    def device(self) -> torch.device:
+        return self.mean.device
+
+    @property
+    def embed_dim(self) -> int:
+        return self.model.text_projection.shape[1]
+
+    @property
+    def token_width(self) -> int:
+        return self.model.token_embedding.embedding_dim
+
+    @property
+    def logit_scale(self) -> float:
+        return float(self.model.logit_scale.exp())
+
+    def preprocess(self, images: np.ndarray | torch.Tensor) -> torch.Tensor:
+        """uint8 [n, H, W, 3] -> normalised float [n, 3, h, w] at the model's input size."""
+        x = torch.as_tensor(images).to(self.device).permute(0, 3, 1, 2).float().div_(255)
+        if tuple(x.shape[-2:]) != self.image_size:
+            x = F.interpolate(x, size=self.image_size, mode="bicubic", align_corners=False).clamp_(0, 1)
+        return (x - self.mean) / self.std
+
+    @torch.no_grad()
+    def encode_images(self, images: np.ndarray) -> torch.Tensor:
+        """L2-normalised image embeddings [n, D], computed in fixed chunks of FEATURE_CHUNK."""
+        chunks = [
+            F.normalize(self.model.encode_image(self.preprocess(images[i : i + FEATURE_CHUNK])), dim=-1)
+            for i in range(0, len(images), FEATURE_CHUNK)
+        ]
+        return torch.cat(chunks).float().cpu() if chunks else torch.zeros(0, self.embed_dim)
+
+    def tokenize(self, texts: list[str]) -> torch.Tensor:
+        return self.tokenizer(texts).to(self.device)
+
+    def embed_tokens(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.model.token_embedding(tokens)
+
+    def encode_token_embeddings(self, embeddings: torch.Tensor, eot_index: torch.Tensor) -> torch.Tensor:
+        """Text features from token embeddings [n, L, width]; L may be shorter than the context.
+
+        This is open_clip's `encode_text` after the embedding lookup, so learned context
+        vectors can replace word embeddings. Gradients flow to `embeddings` only.
+        """
+        length = embeddings.shape[1]
+        model = self.model
+        x = embeddings + model.positional_embedding[:length]
+        x = model.transformer(x, attn_mask=model.attn_mask[:length, :length])
+        x = model.ln_final(x)
+        x = x[torch.arange(x.shape[0], device=x.device), eot_index]
+        return x @ model.text_projection
+
+    def encode_texts(self, texts: list[str]) -> torch.Tensor:
+        """L2-normalised text embeddings [n, D] for plain strings."""
+        tokens = self.tokenize(texts)
+        with torch.no_grad():
+            return F.normalize(self.encode_token_embeddings(self.embed_tokens(tokens), tokens.argmax(-1)), dim=-1)

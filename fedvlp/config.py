@@ -1,0 +1,256 @@
+"""Run configs: YAML + `--set a.b=c` overrides -> a typed, validated `RunSpec`.
+
+Every field is declared once below with its type, default, range and help text. Anything
+else (an unknown key, a wrong type, a value out of range) is a `ConfigError` whose one-line
+message names the dotted key, raised before any Ray or MLflow work starts. YAML is read with
+`yaml.safe_load`; nothing in a config is evaluated as code.
+"""
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+from fedvlp.errors import ConfigError
+
+CONFIGS_DIR = Path(__file__).resolve().parent.parent / "configs"
+DEFAULT_CONFIG = CONFIGS_DIR / "quickstart.yaml"
+
+
+def spec_field(default, help: str, *, ge=None, gt=None, le=None, lt=None):
+    """A config field with its help text and an optional numeric range."""
+    bounds = {"ge": ge, "gt": gt, "le": le, "lt": lt}
+    return field(default=default, metadata={"help": help, **{k: v for k, v in bounds.items() if v is not None}})
+
+
+@dataclass(frozen=True)
+class BackboneSpec:
+    name: str = spec_field("tiny-clip", "open_clip model name: tiny-clip (fedvlp's own) or e.g. ViT-B-16")
+    pretrained: str = spec_field(
+        "fedvlp", "weights: 'fedvlp' (tiny-clip pretrained and cached by fedvlp), an open_clip tag "
+        "such as 'openai', a checkpoint path, or 'none' for random init"
+    )
+
+
+@dataclass(frozen=True)
+class DataSpec:
+    name: Literal["synthetic-scenes"] = spec_field("synthetic-scenes", "dataset")
+    root: str | None = spec_field(None, "dataset root on disk (real datasets only)")
+    num_train: int = spec_field(2000, "synthetic training samples", ge=1)
+    num_test: int = spec_field(1000, "synthetic test samples (co-occurrence decorrelated)", ge=1)
+
+
+@dataclass(frozen=True)
+class FederationSpec:
+    clients: int = spec_field(10, "number of virtual clients N", ge=1)
+    participation: float = spec_field(1.0, "fraction rho of clients sampled per round, max(1, round(rho*N))", gt=0, le=1)
+    heterogeneity: float = spec_field(0.5, "label skew t: 0 = IID, 1 = one co-occurrence pattern per client", ge=0, le=1)
+    rounds: int = spec_field(5, "federated rounds", ge=1)
+    eval_every: int = spec_field(1, "evaluate the global model every this many rounds (and after the last)", ge=1)
+
+
+@dataclass(frozen=True)
+class ResourcesSpec:
+    workers: int = spec_field(2, "ClientWorker actors P; virtual clients are spread over them", ge=1)
+    num_cpus: float = spec_field(0.75, "CPUs reserved per worker", gt=0)
+    num_gpus: float = spec_field(0.0, "GPUs reserved per worker; fractional (e.g. 0.25) packs workers on a GPU", ge=0)
+    coordinator_cpus: float = spec_field(0.5, "CPUs reserved for the coordinator actor", gt=0)
+    round_timeout_s: float = spec_field(600.0, "a round still unfinished after this fails loudly", gt=0)
+    startup_timeout_s: float = spec_field(600.0, "workers that have not loaded backbone and data by then fail loudly", gt=0)
+    placement_timeout_s: float = spec_field(60.0, "fail if the run's actors cannot be placed within this", gt=0)
+
+
+@dataclass(frozen=True)
+class TrackingSpec:
+    uri: str | None = spec_field(None, "MLflow tracking URI; default $MLFLOW_TRACKING_URI or sqlite:///./mlflow.db")
+    experiment: str = spec_field("fedvlp", "MLflow experiment name")
+    run_name: str | None = spec_field(None, "MLflow run name; default <method>-<dataset>")
+
+
+@dataclass(frozen=True)
+class MethodSpec:
+    name: str
+    params: Any  # the method's own Params dataclass
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    method: MethodSpec
+    seed: int = spec_field(0, "the one seed every random stream derives from", ge=0)
+    backbone: BackboneSpec = field(default_factory=BackboneSpec)
+    data: DataSpec = field(default_factory=DataSpec)
+    federation: FederationSpec = field(default_factory=FederationSpec)
+    resources: ResourcesSpec = field(default_factory=ResourcesSpec)
+    tracking: TrackingSpec = field(default_factory=TrackingSpec)
+    output_dir: str = spec_field("fedvlp-runs", "where round checkpoints are written")
+
+    def to_dict(self) -> dict:
+        out = dataclasses.asdict(self)
+        out["method"] = {"name": self.method.name, **dataclasses.asdict(self.method.params)}
+        return out
+
+    def flat(self) -> dict[str, Any]:
+        """The config as dotted keys, as logged to MLflow params."""
+        return flatten(self.to_dict())
+
+
+def flatten(tree: dict, prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in tree.items():
+        if isinstance(value, dict):
+            out.update(flatten(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+# ---------------------------------------------------------------- validation
+
+def _type_name(tp) -> str:
+    if typing.get_origin(tp) is Literal:
+        return "one of " + ", ".join(map(repr, typing.get_args(tp)))
+    if isinstance(tp, types.UnionType) or typing.get_origin(tp) is typing.Union:
+        return " or ".join(_type_name(a) for a in typing.get_args(tp))
+    return {int: "an integer", float: "a number", bool: "true/false", str: "a string", type(None): "null"}.get(
+        tp, getattr(tp, "__name__", str(tp))
+    )
+
+
+def _coerce(value, tp, key: str):
+    origin = typing.get_origin(tp)
+    if isinstance(tp, types.UnionType) or origin is typing.Union:
+        for option in typing.get_args(tp):
+            try:
+                return _coerce(value, option, key)
+            except ConfigError:
+                continue
+    elif origin is Literal:
+        if value in typing.get_args(tp):
+            return value
+    elif tp is type(None):
+        if value is None:
+            return None
+    elif tp is bool:
+        if isinstance(value, bool):
+            return value
+    elif tp is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    elif tp is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+    elif tp is str:
+        if isinstance(value, str):
+            return value
+    elif origin in (tuple, list):
+        (item_tp, *_) = typing.get_args(tp) or (Any,)
+        if isinstance(value, (list, tuple)):
+            return tuple(_coerce(v, item_tp, f"{key}[{i}]") for i, v in enumerate(value))
+    raise ConfigError(f"{key}: expected {_type_name(tp)}, got {value!r}")
+
+
+def _check_range(value, meta: dict, key: str) -> None:
+    if value is None:
+        return
+    checks = {"ge": (lambda v, b: v >= b, ">="), "gt": (lambda v, b: v > b, ">"),
+              "le": (lambda v, b: v <= b, "<="), "lt": (lambda v, b: v < b, "<")}
+    for name, (ok, symbol) in checks.items():
+        if name in meta and not ok(value, meta[name]):
+            raise ConfigError(f"{key}: expected a value {symbol} {meta[name]}, got {value!r}")
+
+
+def build_dataclass(cls, raw: Any, prefix: str, given: dict | None = None):
+    """Build dataclass `cls` from a mapping, naming the dotted key of the first problem.
+
+    `given` holds fields already built by the caller (the method section, whose schema
+    depends on the method's name).
+    """
+    given = given or {}
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{prefix.rstrip('.') or 'config'}: expected a mapping, got {raw!r}")
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    for key in raw:
+        if key not in fields or key in given:
+            raise ConfigError(f"{prefix}{key}: unknown key (expected one of: {', '.join(fields)})")
+    values = dict(given)
+    for name, f in fields.items():
+        key = f"{prefix}{name}"
+        if name not in raw or name in given:
+            continue
+        tp = hints[name]
+        if dataclasses.is_dataclass(tp):
+            values[name] = build_dataclass(tp, raw[name], f"{key}.")
+        else:
+            values[name] = _coerce(raw[name], tp, key)
+            _check_range(values[name], f.metadata, key)
+    return cls(**values)
+
+
+def parse_override(text: str) -> tuple[str, Any]:
+    """'a.b=c' -> ('a.b', c); the value is read as YAML (so 0.5, true, null and [1, 2] work)."""
+    key, sep, value = text.partition("=")
+    if not sep or not key.strip():
+        raise ConfigError(f"--set {text}: expected KEY=VALUE with a dotted key, e.g. federation.rounds=3")
+    try:
+        return key.strip(), yaml.safe_load(value) if value.strip() else None
+    except yaml.YAMLError:
+        return key.strip(), value
+
+
+def apply_overrides(raw: dict, overrides: list[str]) -> dict:
+    """Set dotted keys. Switching `method.name` drops the file's parameters of the old method."""
+    for text in overrides:
+        key, value = parse_override(text)
+        if key == "method.name" and isinstance(raw.get("method"), dict) and raw["method"].get("name") != value:
+            raw["method"] = {}
+        node = raw
+        *parents, leaf = key.split(".")
+        for part in parents:
+            node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                raise ConfigError(f"--set {key}: {part} is not a section")
+        node[leaf] = value
+    return raw
+
+
+def read_yaml(path: str | Path) -> dict:
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"{path}: config file not found")
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark else ""
+        raise ConfigError(f"{path}: not valid YAML{where}") from None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: expected a mapping of config sections at the top level")
+    return raw
+
+
+def build_spec(raw: dict) -> RunSpec:
+    from fedvlp.methods import METHODS  # late import: methods import torch
+
+    raw = dict(raw)
+    method_raw = raw.pop("method", None)
+    if not isinstance(method_raw, dict) or "name" not in method_raw:
+        raise ConfigError(f"method.name: expected one of {', '.join(sorted(METHODS))}")
+    method_raw = dict(method_raw)
+    name = method_raw.pop("name")
+    if name not in METHODS:
+        raise ConfigError(f"method.name: unknown method {name!r} (expected one of: {', '.join(sorted(METHODS))})")
+    method = MethodSpec(name, build_dataclass(METHODS[name].Params, method_raw, "method."))
+    return build_dataclass(RunSpec, raw, "", given={"method": method})
+
+
+def load_spec(path: str | Path | None = None, overrides: list[str] | None = None) -> RunSpec:
+    raw = read_yaml(path or DEFAULT_CONFIG)
+    return build_spec(apply_overrides(raw, list(overrides or [])))

@@ -1,0 +1,92 @@
+"""The method contract (DESIGN §3).
+
+A method is one module in `fedvlp/methods/`, registered by name. Its class says which backbone
+it needs, what hyper-parameters it takes (`Params`), how its trainable modules are built
+(`__init__`), which parameters are global and how the server combines each group
+(`server_rules`), the local update, and how it scores a batch (`forward`). The engine knows
+nothing else about it.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+import torch.nn.functional as F
+
+State = dict[str, torch.Tensor]
+LOCAL = "local"  # server rule for parameters that never leave their client
+
+
+@dataclass(frozen=True)
+class Task:
+    class_names: tuple[str, ...]
+    multilabel: bool = True
+
+
+@dataclass
+class ClientData:
+    """One client's training data as the method sees it: frozen features and labels (-1 = unknown)."""
+    features: torch.Tensor
+    labels: torch.Tensor
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+
+class Method(torch.nn.Module):
+    name: ClassVar[str]
+    Params: ClassVar[type]
+    backbone_kind: ClassVar[str] = "clip"
+    # parameter-name prefix -> server rule ("fedavg", "mean", or LOCAL); the longest prefix wins
+    server_rules: ClassVar[dict[str, str]] = {"": "fedavg"}
+
+    def __init__(self, params, backbone, task: Task):
+        super().__init__()
+        self.params = params
+        self.task = task
+        object.__setattr__(self, "backbone", backbone)  # shared and frozen: not part of the state dict
+
+    # --- what a method implements
+    def local_update(self, data: ClientData, generator: torch.Generator) -> dict[str, float]:
+        raise NotImplementedError
+
+    def forward(self, features: torch.Tensor) -> torch.Tensor:
+        """Logits [B, C] for frozen image features [B, D]."""
+        raise NotImplementedError
+
+    # --- provided
+    def rule_of(self, key: str) -> str:
+        prefix = max((p for p in self.server_rules if key.startswith(p)), key=len)
+        return self.server_rules[prefix]
+
+    def global_state(self) -> State:
+        return {k: v.detach().clone() for k, v in self.state_dict().items() if self.rule_of(k) != LOCAL}
+
+    def local_state(self) -> State:
+        return {k: v.detach().clone() for k, v in self.state_dict().items() if self.rule_of(k) == LOCAL}
+
+    def load(self, global_state: State, local_state: State | None) -> None:
+        """Load the server's global state and a client's own state (None: the client's first round)."""
+        if not hasattr(self, "_initial_local"):
+            object.__setattr__(self, "_initial_local", self.local_state())
+        self.load_state_dict({**global_state, **(local_state if local_state is not None else self._initial_local)})
+
+    @torch.no_grad()
+    def score(self, features: torch.Tensor, chunk: int = 1024) -> torch.Tensor:
+        self.eval()
+        return torch.cat([self(features[i : i + chunk]) for i in range(0, len(features), chunk)])
+
+
+def masked_bce(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Binary cross-entropy averaged over known labels; -1 (unknown) entries are ignored."""
+    known = (labels >= 0).float()
+    loss = F.binary_cross_entropy_with_logits(logits, labels.clamp(min=0).float(), weight=known, reduction="sum")
+    return loss / known.sum().clamp(min=1)
+
+
+def minibatches(num_samples: int, batch_size: int, epochs: int, generator: torch.Generator):
+    """Index batches for `epochs` passes, shuffled by the client's own generator."""
+    for _ in range(epochs):
+        order = torch.randperm(num_samples, generator=generator)
+        yield from order.split(batch_size)

@@ -1,0 +1,57 @@
+"""PromptFL: a CoOp context learned by every client and averaged by the server (FedAvg).
+
+Guo et al., "PromptFL: Let Federated Participants Cooperatively Learn Prompts Instead of
+Models". Multi-label scoring: logit_c = s * cos(image, text_c) + b with a learned scale s and
+bias b (the bias starts low, since most classes are absent from any one image), trained with
+binary cross-entropy that ignores unknown labels.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from fedvlp.config import spec_field
+from fedvlp.methods.base import ClientData, Method, masked_bce, minibatches
+from fedvlp.methods.prompts import PromptTemplate
+from fedvlp.methods.registry import register
+
+
+@dataclass(frozen=True)
+class PromptFLParams:
+    n_ctx: int = spec_field(4, "learned context vectors M", ge=1)
+    ctx_init: str = spec_field("a photo of a", "words the context starts from ('' = random); must be n_ctx tokens")
+    lr: float = spec_field(2e-3, "Adam learning rate", gt=0)
+    batch_size: int = spec_field(64, "local batch size", ge=1)
+    local_epochs: int = spec_field(5, "local epochs per round", ge=1)
+    init_bias: float = spec_field(-5.0, "starting bias of the multi-label logits")
+
+
+@register
+class PromptFL(Method):
+    name = "promptfl"
+    Params = PromptFLParams
+
+    def __init__(self, params: PromptFLParams, backbone, task, generator=None):
+        super().__init__(params, backbone, task)
+        self.template = PromptTemplate(backbone, task.class_names, params.n_ctx)
+        self.ctx = torch.nn.Parameter(self.template.init_context(params.ctx_init, generator))
+        self.log_scale = torch.nn.Parameter(torch.tensor(math.log(backbone.logit_scale)))
+        self.bias = torch.nn.Parameter(torch.tensor(params.init_bias))
+
+    def forward(self, features: torch.Tensor) -> torch.Tensor:
+        text = self.template.encode(self.ctx)
+        return self.log_scale.exp() * features @ text.T + self.bias
+
+    def local_update(self, data: ClientData, generator: torch.Generator) -> dict[str, float]:
+        self.train()
+        optimizer = torch.optim.Adam(self.parameters(), lr=self.params.lr)
+        losses = []
+        for batch in minibatches(len(data), self.params.batch_size, self.params.local_epochs, generator):
+            loss = masked_bce(self(data.features[batch]), data.labels[batch])
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+            losses.append(loss.item())
+        return {"loss": sum(losses) / max(1, len(losses)), "steps": len(losses)}

@@ -1,0 +1,44 @@
+"""Zero-shot CLIP: hand-written prompts, nothing trained; the reference line every method must beat.
+
+Scores use the same multi-label head as the prompt learners start from
+(logit_c = s_CLIP * cos(image, text_c) + b), so its thresholded metrics are comparable.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from fedvlp.config import spec_field
+from fedvlp.errors import ConfigError
+from fedvlp.methods.base import ClientData, Method, masked_bce
+from fedvlp.methods.registry import register
+
+
+@dataclass(frozen=True)
+class ZeroShotParams:
+    template: str = spec_field("a photo of a {}.", "prompt template; {} is replaced by the class name")
+    bias: float = spec_field(-5.0, "bias of the multi-label logits")
+
+    def __post_init__(self):
+        if "{}" not in self.template:
+            raise ConfigError(f"method.template: expected a '{{}}' placeholder for the class name, got {self.template!r}")
+
+
+@register
+class ZeroShot(Method):
+    name = "zeroshot"
+    Params = ZeroShotParams
+
+    def __init__(self, params: ZeroShotParams, backbone, task, generator=None):
+        super().__init__(params, backbone, task)
+        prompts = [params.template.format(name) for name in task.class_names]
+        self.register_buffer("text", backbone.encode_texts(prompts).cpu(), persistent=False)
+
+    def forward(self, features: torch.Tensor) -> torch.Tensor:
+        return self.backbone.logit_scale * features @ self.text.T + self.params.bias
+
+    @torch.no_grad()
+    def local_update(self, data: ClientData, generator: torch.Generator) -> dict[str, float]:
+        """Nothing to train: report the loss of the fixed prompts on the client's data."""
+        return {"loss": masked_bce(self.score(data.features), data.labels).item() if len(data) else 0.0, "steps": 0}

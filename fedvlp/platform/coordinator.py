@@ -1,0 +1,69 @@
+"""Coordinator: the actor that holds the global state, the client-local states and the server rule.
+
+Workers are stateless between rounds apart from their cached data, so they are replaceable and
+the whole run can be checkpointed from here.
+"""
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+
+import ray
+import torch
+
+from fedvlp.platform.aggregation import AGGREGATORS, state_nbytes
+from fedvlp.platform.sampling import sample_cohort
+
+
+@ray.remote(max_restarts=0)
+class Coordinator:
+    def __init__(self, seed: int, num_clients: int, participation: float,
+                 initial_state: dict[str, torch.Tensor], rules: dict[str, str]):
+        self.seed, self.num_clients, self.participation = seed, num_clients, participation
+        self.state = initial_state
+        self.rules = rules  # parameter name -> aggregation rule (global parameters only)
+        self.client_state: dict[int, dict] = {}
+        self.round = 0
+
+    def sample_cohort(self, round_index: int) -> list[int]:
+        return sample_cohort(self.seed, round_index, self.num_clients, self.participation)
+
+    def global_state(self) -> dict[str, torch.Tensor]:
+        return self.state
+
+    def client_states(self, client_ids: list[int]) -> dict[int, dict | None]:
+        return {cid: self.client_state.get(cid) for cid in client_ids}
+
+    def aggregate(self, round_index: int, *worker_updates: list[dict]) -> dict:
+        """Combine the cohort's updates in sorted client-id order into the next global state."""
+        updates = sorted(itertools.chain.from_iterable(worker_updates), key=lambda u: u["client_id"])
+        sizes = [u["num_samples"] for u in updates]
+        if not updates or sum(sizes) == 0:
+            raise RuntimeError(f"round {round_index}: no client update carries data")
+        new_state = {}
+        for rule, keys in itertools.groupby(sorted(self.rules, key=self.rules.get), key=self.rules.get):
+            keys = list(keys)
+            new_state.update(AGGREGATORS[rule]([{k: u["global"][k] for k in keys} for u in updates], sizes))
+        self.state = new_state
+        for u in updates:
+            if u["local"]:
+                self.client_state[u["client_id"]] = u["local"]
+        self.round = round_index
+        total = sum(sizes)
+        return {
+            "clients": [u["client_id"] for u in updates],
+            "train_loss": sum(u["loss"] * n for u, n in zip(updates, sizes)) / total,
+            "local_steps": sum(u["steps"] for u in updates),
+            "bytes_up": sum(state_nbytes(u["global"]) for u in updates),
+            "bytes_down": len(updates) * state_nbytes(self.state),
+            "timings": [(u["client_id"], u["worker"], u["started"], u["finished"]) for u in updates],
+        }
+
+    def save_checkpoint(self, path: str) -> str:
+        """Global state, client states and round; loadable with torch.load(weights_only=True)."""
+        target = Path(path)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = target.with_suffix(".tmp")
+        torch.save({"round": self.round, "global": self.state, "clients": self.client_state}, tmp)
+        tmp.replace(target)
+        return str(target)

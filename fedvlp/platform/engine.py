@@ -1,0 +1,239 @@
+"""`run_federated`: the one entry point of a federated run, used by `fedvlp run` and every Tune trial.
+
+It reads like the flow of DESIGN §2:
+
+    prepare (backbone weights, dataset, partition, initial state)   -- all bad input fails here
+    place the Coordinator and P ClientWorkers                       -- or fail within the timeout
+    for round r: cohort -> broadcast global state -> local updates -> aggregate -> evaluate -> log
+"""
+from __future__ import annotations
+
+import os
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import ray
+from ray.util.placement_group import placement_group, remove_placement_group
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+from fedvlp.backbones import load_clip, prepare_backbone
+from fedvlp.data import load_dataset, partition_clients
+from fedvlp.errors import ResourceError, RoundTimeoutError
+from fedvlp.methods.base import Task
+from fedvlp.platform.coordinator import Coordinator
+from fedvlp.platform.metrics import multilabel_metrics
+from fedvlp.platform.tracking import RunTracker
+from fedvlp.platform.worker import ClientWorker, build_method
+
+EVAL_BLOCK = 256  # test samples per block; blocks are spread over workers, fixed so scores never depend on P
+
+
+@dataclass
+class RunResult:
+    run_id: str
+    tracking_uri: str
+    final: dict[str, float]
+    initial: dict[str, float]
+    history: list[dict] = field(default_factory=list)
+    workers: list[dict] = field(default_factory=list)
+    final_state: dict | None = None
+
+
+def run_federated(spec, *, progress: bool = True, on_round=None, tags: dict | None = None) -> RunResult:
+    """Run one federated experiment end to end and return its metrics.
+
+    `on_round(round, metrics)` is called after each round (Tune reports through it).
+    """
+    say = print if progress else (lambda *a, **k: None)
+
+    # 1. Everything that depends only on the inputs, before any cluster work.
+    prepare_backbone(spec, progress=progress)
+    dataset = load_dataset(spec)
+    parts = partition_clients(dataset, spec)
+    task = Task(dataset.class_names, multilabel=dataset.multilabel)
+    method = build_method(spec, load_clip(spec), task)
+    initial_state = method.global_state()
+    rules = {key: method.rule_of(key) for key in initial_state}
+    del method
+
+    tracker = RunTracker(spec, tags=tags)
+    started_ray = False
+    placement, bundle_offset = None, 0
+    actors = []
+    try:
+        started_ray = _ensure_ray(spec)
+        placement, bundle_offset = _reserve(spec)
+        coordinator = Coordinator.options(
+            num_cpus=spec.resources.coordinator_cpus,
+            scheduling_strategy=PlacementGroupSchedulingStrategy(placement, placement_group_bundle_index=bundle_offset),
+        ).remote(spec.seed, spec.federation.clients, spec.federation.participation, initial_state, rules)
+        workers, home = _start_workers(spec, dataset, parts, placement, bundle_offset)
+        actors = [coordinator, *workers]
+        worker_info = _wait([w.ready.remote() for w in workers], "start-up of the client workers",
+                            spec.resources.startup_timeout_s, "resources.startup_timeout_s")
+        say(f"fedvlp: {len(workers)} workers ready on {len({w['node_id'] for w in worker_info})} node(s); "
+            f"{spec.federation.clients} clients, MLflow run {tracker.run_id}")
+
+        evaluate = lambda state_ref: _evaluate(spec, workers, state_ref, dataset.test_labels)  # noqa: E731
+        initial = evaluate(coordinator.global_state.remote())
+        tracker.log_metrics(0, _prefixed(initial, "test_"))
+        say(f"round 0/{spec.federation.rounds}  test mAP {initial['mAP']:.4f}  (before training)")
+        history, final = [], initial
+        checkpoint = Path(spec.output_dir) / tracker.run_id / "checkpoint.pt"
+        for round_index in range(1, spec.federation.rounds + 1):
+            tic = time.perf_counter()
+            cohort = ray.get(coordinator.sample_cohort.remote(round_index))
+            state_ref = coordinator.global_state.remote()  # put once; every worker resolves the same ref
+            by_worker = defaultdict(list)
+            for cid in cohort:
+                by_worker[home[cid]].append(cid)
+            update_refs = [
+                workers[w].train.remote(round_index, cids, state_ref, coordinator.client_states.remote(cids))
+                for w, cids in sorted(by_worker.items())
+            ]
+            timeout = spec.resources.round_timeout_s
+            _wait(update_refs, f"round {round_index} (clients {cohort})", timeout, fetch=False)
+            summary = _wait([coordinator.aggregate.remote(round_index, *update_refs)],
+                            f"round {round_index} aggregation", timeout)[0]
+            metrics = {"train_loss": summary["train_loss"], "bytes_up": summary["bytes_up"],
+                       "bytes_down": summary["bytes_down"], "clients": len(summary["clients"])}
+            if round_index % spec.federation.eval_every == 0 or round_index == spec.federation.rounds:
+                final = evaluate(coordinator.global_state.remote())
+                metrics.update(_prefixed(final, "test_"))
+            ray.get(coordinator.save_checkpoint.remote(str(checkpoint)))
+            metrics["round_seconds"] = time.perf_counter() - tic
+            tracker.log_metrics(round_index, metrics)
+            history.append({"round": round_index, **metrics, "timings": summary["timings"]})
+            say(_round_line(round_index, spec.federation.rounds, metrics))
+            if on_round is not None:
+                on_round(round_index, metrics)
+        final_state = ray.get(coordinator.global_state.remote())
+        tracker.log_json({"initial": initial, "final": final, "rounds": spec.federation.rounds}, "final_metrics.json")
+        tracker.set_tags({"checkpoint": str(checkpoint.resolve())})
+        tracker.end("FINISHED")
+        return RunResult(tracker.run_id, tracker.uri, final, initial, history, worker_info, final_state)
+    except KeyboardInterrupt:
+        tracker.end("KILLED")
+        raise
+    except BaseException as exc:
+        tracker.set_tags({"error": f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:5000]})
+        tracker.end("FAILED")
+        raise
+    finally:
+        for actor in actors:
+            ray.kill(actor)
+        if placement is not None and bundle_offset == 0 and ray.is_initialized():
+            remove_placement_group(placement)
+        if started_ray:
+            ray.shutdown()
+
+
+# ---------------------------------------------------------------- placement
+
+def _ensure_ray(spec) -> bool:
+    """Connect to the cluster in RAY_ADDRESS or the one already running; else start a local one."""
+    if ray.is_initialized():
+        return False
+    quiet = os.environ.get("FEDVLP_RAY_LOGS") != "1"
+    common = {"log_to_driver": not quiet, "logging_level": "ERROR" if quiet else "INFO"}
+    if os.environ.get("RAY_ADDRESS"):
+        ray.init(address=os.environ["RAY_ADDRESS"], **common)
+    else:
+        import torch
+
+        ray.init(num_cpus=os.cpu_count(), num_gpus=torch.cuda.device_count(), include_dashboard=False, **common)
+    return True
+
+
+def _worker_bundle(resources) -> dict[str, float]:
+    bundle = {"CPU": resources.num_cpus}
+    if resources.num_gpus > 0:
+        bundle["GPU"] = resources.num_gpus
+    return bundle
+
+
+def run_bundles(spec) -> list[dict[str, float]]:
+    """The run's resources: one coordinator bundle, then one bundle per worker (DESIGN §2)."""
+    return [{"CPU": spec.resources.coordinator_cpus}] + [_worker_bundle(spec.resources)] * spec.resources.workers
+
+
+def _reserve(spec):
+    """The placement group the run's actors go into: the Tune trial's, or one reserved here."""
+    current = ray.util.get_current_placement_group()
+    if current is not None:  # inside a Tune trial: bundle 0 is the trainable's own
+        return current, 1
+    bundles = run_bundles(spec)
+    totals = ray.cluster_resources()
+    for resource in ("CPU", "GPU"):
+        need = sum(b.get(resource, 0) for b in bundles)
+        if need > totals.get(resource, 0) + 1e-9:
+            raise ResourceError(
+                f"resources: the run needs {need:g} {resource} (coordinator {spec.resources.coordinator_cpus:g} CPU + "
+                f"{spec.resources.workers} workers x {_worker_bundle(spec.resources)}) but the cluster has "
+                f"{totals.get(resource, 0):g}; lower resources.workers, num_cpus or num_gpus"
+            )
+    group = placement_group(bundles, strategy="PACK")
+    ready, _ = ray.wait([group.ready()], timeout=spec.resources.placement_timeout_s)
+    if not ready:
+        remove_placement_group(group)
+        raise ResourceError(
+            f"resources: could not place {len(bundles)} bundles {bundles[:2]}... within "
+            f"{spec.resources.placement_timeout_s:g} s (available now: {ray.available_resources()})"
+        )
+    return group, 0
+
+
+def _start_workers(spec, dataset, parts, group, offset):
+    """P workers; client k lives on worker k mod P (its home) for the whole run."""
+    num_workers = spec.resources.workers
+    home = {cid: cid % num_workers for cid in range(len(parts))}
+    data_ref = ray.put({
+        "class_names": list(dataset.class_names),
+        "train_images": dataset.train_images, "train_labels": dataset.train_labels,
+        "test_images": dataset.test_images,
+    })
+    blocks = [(s, min(s + EVAL_BLOCK, len(dataset.test_labels))) for s in range(0, len(dataset.test_labels), EVAL_BLOCK)]
+    workers = []
+    for w in range(num_workers):
+        strategy = PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=offset + 1 + w)
+        workers.append(ClientWorker.options(
+            num_cpus=spec.resources.num_cpus, num_gpus=spec.resources.num_gpus, scheduling_strategy=strategy,
+        ).remote(spec, w, data_ref,
+                 {cid: parts[cid] for cid in range(len(parts)) if home[cid] == w},
+                 blocks[w::num_workers]))
+    return workers, home
+
+
+def _wait(refs, what: str, timeout: float, knob: str = "resources.round_timeout_s", fetch: bool = True):
+    """Wait for all refs within the timeout, or fail loudly naming what is late."""
+    done, pending = ray.wait(refs, num_returns=len(refs), timeout=timeout)
+    if pending:
+        raise RoundTimeoutError(
+            f"{what}: {len(pending)} of {len(refs)} tasks unfinished after {knob}={timeout:g} s "
+            f"(a hung client, or actors that cannot be placed: available {ray.available_resources()})"
+        )
+    return ray.get(refs) if fetch else None
+
+
+# ---------------------------------------------------------------- evaluation and output
+
+def _evaluate(spec, workers, state_ref, labels: np.ndarray) -> dict[str, float]:
+    """Score the test split sharded over the workers; compute the metrics centrally."""
+    refs = [w.evaluate.remote(state_ref) for w in workers]
+    blocks = [b for per_worker in _wait(refs, "evaluation", spec.resources.round_timeout_s) for b in per_worker]
+    logits = np.concatenate([scores for _, scores in sorted(blocks, key=lambda b: b[0])])
+    return multilabel_metrics(logits, labels)
+
+
+def _prefixed(metrics: dict, prefix: str) -> dict:
+    return {prefix + k: v for k, v in metrics.items()}
+
+
+def _round_line(round_index: int, rounds: int, m: dict) -> str:
+    line = f"round {round_index}/{rounds}  loss {m['train_loss']:.4f}"
+    if "test_mAP" in m:
+        line += f"  test mAP {m['test_mAP']:.4f}  CF1 {m['test_CF1']:.4f}  OF1 {m['test_OF1']:.4f}"
+    return line + f"  {m['round_seconds']:.1f} s"

@@ -1,0 +1,37 @@
+"""Named, independent random streams derived from one run seed (DESIGN §4).
+
+Every consumer of randomness asks for its own stream by name plus the keys that make it
+unique (round, client id, ...), so adding a draw in one place never shifts another, and the
+numbers do not depend on which process or worker draws them.
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+STREAMS = {
+    "data": 1,        # synthetic dataset generation
+    "partition": 2,   # client partition
+    "label_mask": 3,  # hidden annotations
+    "sampling": 4,    # per-round cohort
+    "client": 5,      # per-(round, client) local training
+    "pretrain": 6,    # backbone pretraining
+    "init": 7,        # trainable-module initialisation
+    "missing": 8,     # missing modalities
+}
+
+
+def seed_sequence(seed: int, stream: str, *keys: int) -> np.random.SeedSequence:
+    return np.random.SeedSequence([int(seed), STREAMS[stream], *(int(k) for k in keys)])
+
+
+def numpy_rng(seed: int, stream: str, *keys: int) -> np.random.Generator:
+    return np.random.default_rng(seed_sequence(seed, stream, *keys))
+
+
+def torch_seed(seed: int, stream: str, *keys: int) -> int:
+    return int(seed_sequence(seed, stream, *keys).generate_state(1, np.uint64)[0] >> 1)
+
+
+def torch_generator(seed: int, stream: str, *keys: int) -> torch.Generator:
+    return torch.Generator().manual_seed(torch_seed(seed, stream, *keys))
