@@ -11,6 +11,7 @@ HELP = """fedvlp: federated prompt tuning of frozen vision-language models on Ra
 
   fedvlp run                       the quickstart: PromptFL on synthetic-scenes with fedvlp's tiny CLIP
   fedvlp run CONFIG --set k=v      any run config, with dotted-key overrides
+  fedvlp data stats CONFIG         what each client holds, and the heterogeneity figure
   fedvlp pretrain tiny-clip        pretrain and cache the tiny CLIP (done on first use otherwise)
 """
 
@@ -27,6 +28,18 @@ def _parser() -> argparse.ArgumentParser:
                      help="override a dotted config key, e.g. --set federation.rounds=3 (repeatable)")
     run.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
     run.add_argument("--quiet", action="store_true", help="no per-round progress lines")
+
+    data = commands.add_parser("data", help="inspect a run's data: clients, label skew, missing modalities")
+    data_commands = data.add_subparsers(dest="data_command", required=True, metavar="SUBCOMMAND")
+    stats = data_commands.add_parser(
+        "stats", help="per-client sizes, label distributions and the heterogeneity figure",
+        description="Print, per client, its size, its most frequent classes and (image+text data) its missing "
+                    "pattern, then the mean pairwise Jensen-Shannon distance between client label distributions. "
+                    "No Ray, no MLflow.")
+    stats.add_argument("config", nargs="?", help="run config YAML (default: configs/quickstart.yaml)")
+    stats.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                       help="override a dotted config key (repeatable)")
+    stats.add_argument("--plot", metavar="PNG", help="also save a client x class count heatmap")
 
     pretrain = commands.add_parser("pretrain", help="pretrain and cache a tiny backbone",
                                    description="Pretrain fedvlp's tiny CLIP contrastively on synthetic-scenes "
@@ -59,10 +72,22 @@ def ui_command(uri: str) -> str:
 
 
 def format_table(initial: dict, final: dict, rounds: int) -> str:
-    keys = ["mAP", "CF1", "OF1", "CP", "CR", "OP", "OR", "CF1_top3", "OF1_top3"]
+    keys = ["mAP", "CF1", "OF1", "CP", "CR", "OP", "OR", "CF1_top3", "OF1_top3", "accuracy", "macro_f1"]
     rows = [f"{'metric':<10} {'round 0':>9} {f'round {rounds}':>9}", "-" * 30]
     rows += [f"{k:<10} {initial[k]:>9.4f} {final[k]:>9.4f}" for k in keys if k in final]
     return "\n".join(rows)
+
+
+def _data(args) -> None:
+    from fedvlp.config import DEFAULT_CONFIG, load_spec
+    from fedvlp.data import prepare_data
+    from fedvlp.data.stats import format_stats, plot_counts
+
+    data = prepare_data(load_spec(args.config or DEFAULT_CONFIG, args.overrides))
+    print(format_stats(data))
+    if args.plot:
+        plot_counts(data, args.plot)
+        print(f"saved {args.plot}")
 
 
 def _pretrain(args) -> None:
@@ -80,7 +105,7 @@ def _pretrain(args) -> None:
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
-        {"run": _run, "pretrain": _pretrain}[args.command](args)
+        {"run": _run, "data": _data, "pretrain": _pretrain}[args.command](args)
     except FedvlpError as exc:
         print(f"fedvlp: error: {exc}", file=sys.stderr)
         return 2

@@ -37,19 +37,46 @@ class BackboneSpec:
     )
 
 
+SYNTHETIC_DATASETS = ("synthetic-scenes", "synthetic-recipes")
+REAL_DATASETS = ("voc2007", "coco2014", "nuswide", "food101", "mmimdb")
+
+
 @dataclass(frozen=True)
 class DataSpec:
-    name: Literal["synthetic-scenes"] = spec_field("synthetic-scenes", "dataset")
-    root: str | None = spec_field(None, "dataset root on disk (real datasets only)")
+    name: Literal["synthetic-scenes", "synthetic-recipes", "voc2007", "coco2014", "nuswide", "food101", "mmimdb"] = \
+        spec_field("synthetic-scenes", "dataset")
+    root: str | None = spec_field(None, "dataset root on disk, in its published layout (real datasets only)")
     num_train: int = spec_field(2000, "synthetic training samples", ge=1)
-    num_test: int = spec_field(1000, "synthetic test samples (co-occurrence decorrelated)", ge=1)
+    num_test: int = spec_field(1000, "synthetic test samples (scenes: co-occurrence decorrelated)", ge=1)
+    top_k: int | None = spec_field(None, "food101: keep the k classes most frequent in train", ge=1)
+    protocol: Literal["multilabel", "fedprime"] = spec_field(
+        "multilabel", "mmimdb: 23-genre multi-label, or FED-PRIME's single-genre top-8 protocol")
+    label_mask: float = spec_field(0.0, "multi-label: each training annotation is hidden with this probability", ge=0, lt=1)
+    mask_as: Literal["unknown", "negative"] = spec_field(
+        "unknown", "a hidden label is unknown (-1, ignored by the loss) or dropped to negative")
+    missing_rate: float = spec_field(0.0, "image+text: fraction eta of training samples that lose a modality", ge=0, le=1)
+    missing_type: Literal["text", "image", "both"] = spec_field(
+        "both", "which modality they lose; 'both': half lose the image, half the text")
+    missing_client_skew: float = spec_field(
+        0.0, "0: clients differ only by their samples; up to 1: clients differ in which modality they miss", ge=0, le=1)
+    feature_cache: bool = spec_field(True, "cache frozen image features on disk under the cache dir")
+
+    def __post_init__(self):
+        if self.name in REAL_DATASETS:
+            if not self.root:
+                raise ConfigError(f"data.root: required for {self.name} (the directory of its published layout)")
+            if not Path(self.root).expanduser().is_dir():
+                raise ConfigError(f"data.root: {self.root} is not a directory; expected the {self.name} dataset root")
 
 
 @dataclass(frozen=True)
 class FederationSpec:
     clients: int = spec_field(10, "number of virtual clients N", ge=1)
     participation: float = spec_field(1.0, "fraction rho of clients sampled per round, max(1, round(rho*N))", gt=0, le=1)
+    partition: Literal["auto", "heterogeneity", "dirichlet", "iid"] = spec_field(
+        "auto", "client split: auto = heterogeneity for multi-label data, dirichlet for single-label")
     heterogeneity: float = spec_field(0.5, "label skew t: 0 = IID, 1 = one co-occurrence pattern per client", ge=0, le=1)
+    dirichlet_alpha: float = spec_field(0.5, "single-label skew: per class, client shares ~ Dir(alpha)", gt=0)
     rounds: int = spec_field(5, "federated rounds", ge=1)
     eval_every: int = spec_field(1, "evaluate the global model every this many rounds (and after the last)", ge=1)
 

@@ -14,6 +14,11 @@ def cache_dir() -> Path:
     return path
 
 
+def feature_cache_dir() -> Path:
+    """Cached frozen features; FEDVLP_FEATURE_CACHE overrides (e.g. a larger disk)."""
+    return Path(os.environ.get("FEDVLP_FEATURE_CACHE") or cache_dir() / "features")
+
+
 def default_tracking_uri() -> str:
     """MLFLOW_TRACKING_URI if set, else a sqlite store in the working directory."""
     return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{Path.cwd() / 'mlflow.db'}"

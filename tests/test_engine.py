@@ -92,3 +92,18 @@ def test_a_round_that_hangs_times_out_loudly(ray_cluster, tracking_uri, tmp_path
     with pytest.raises(RoundTimeoutError, match=r"unfinished after resources\.round_timeout_s=0\.2 s"):
         run_federated(spec, progress=False)
     assert _only_run(tracking_uri)[1].info.status == "FAILED"
+
+
+def test_second_run_hits_the_feature_cache_with_identical_results(ray_cluster, tracking_uri, tmp_path, monkeypatch):
+    monkeypatch.setenv("FEDVLP_FEATURE_CACHE", str(tmp_path / "features"))
+    spec = small_run(tracking_uri, tmp_path, "federation.rounds=1")
+    cold = run_federated(spec, progress=False)
+    warm = run_federated(spec, progress=False)
+    assert cold.feature_cache == {"feature_cache.train": "miss", "feature_cache.test": "miss"}
+    assert warm.feature_cache == {"feature_cache.train": "hit", "feature_cache.test": "hit"}
+    assert len(list((tmp_path / "features").glob("*.npy"))) == 2
+    assert warm.final == cold.final
+    off = run_federated(small_run(tracking_uri, tmp_path, "federation.rounds=1", "data.feature_cache=false"),
+                        progress=False)
+    assert off.feature_cache == {"feature_cache.train": "off", "feature_cache.test": "off"}
+    assert off.final == cold.final

@@ -10,7 +10,7 @@ import pytest
 from PIL import Image
 
 from fedvlp.data.images import ArrayImages, FileImages, ImageSource
-from fedvlp.data.readers import (MMIMDB_GENRES, READERS, VOC_CLASSES, RealDataset, read_coco2014,
+from fedvlp.data.readers import (MMIMDB_GENRES, READERS, VOC_CLASSES, Dataset, read_coco2014,
                                  read_food101, read_mmimdb, read_nuswide, read_voc2007)
 from fedvlp.errors import ConfigError, DataError
 
@@ -92,7 +92,7 @@ def voc_root(tmp_path):
 
 def test_voc2007_classes_splits_and_labels(voc_root):
     ds = read_voc2007(voc_root)
-    assert isinstance(ds, RealDataset) and ds.name == "voc2007" and ds.multilabel
+    assert isinstance(ds, Dataset) and ds.name == "voc2007" and ds.multilabel
     assert len(ds.class_names) == 20 and ds.class_names[0] == "aeroplane" and ds.class_names[-1] == "tvmonitor"
     assert (len(ds.train.images), len(ds.test.images)) == (4, 3)
     c = VOC_CLASSES.index

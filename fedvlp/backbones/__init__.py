@@ -1,6 +1,8 @@
 """Frozen backbones: one loader per family, the same path for fedvlp's tiny models and real ones."""
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
 
 from fedvlp.backbones.clip import TINY_CLIP, ClipBackbone, create_clip
@@ -13,6 +15,22 @@ def prepare_backbone(spec, progress: bool = True) -> None:
         from fedvlp.backbones.pretrain import ensure_tiny_clip
 
         ensure_tiny_clip(progress=progress)
+
+
+def backbone_id(spec) -> str:
+    """Names the exact frozen weights, for keying cached features."""
+    name, pretrained = spec.backbone.name, spec.backbone.pretrained
+    if name == TINY_CLIP and pretrained == "fedvlp":
+        from fedvlp.backbones.pretrain import TinyClipRecipe
+
+        return f"{name}:fedvlp:{TinyClipRecipe().key()}"
+    if pretrained in ("none", ""):
+        return f"{name}:random:{spec.seed}"
+    path = Path(pretrained).expanduser()
+    if path.is_file():
+        stat = path.stat()
+        return f"{name}:{path.resolve()}:{stat.st_size}:{stat.st_mtime_ns}"
+    return f"{name}:{pretrained}"
 
 
 def load_clip(spec, device: str | torch.device = "cpu") -> ClipBackbone:

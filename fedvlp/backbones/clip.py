@@ -60,6 +60,11 @@ class ClipBackbone(torch.nn.Module):
         self.register_buffer("std", torch.tensor(cfg["std"]).view(1, 3, 1, 1), persistent=False)
 
     @property
+    def transform_id(self) -> str:
+        """Names the image transform, for keying cached features."""
+        return f"{self.image_size[0]}x{self.image_size[1]}-bicubic-mean{self.mean.flatten().tolist()}-std{self.std.flatten().tolist()}"
+
+    @property
     def device(self) -> torch.device:
         return self.mean.device
 

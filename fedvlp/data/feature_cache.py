@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from fedvlp.paths import cache_dir
+from fedvlp.paths import feature_cache_dir
 
 
 def feature_key(**parts: str) -> str:
@@ -25,7 +25,7 @@ def feature_key(**parts: str) -> str:
 
 class FeatureCache:
     def __init__(self, root: str | Path | None = None):
-        self.root = Path(root) if root is not None else cache_dir() / "features"
+        self.root = Path(root) if root is not None else feature_cache_dir()
 
     def _paths(self, key: str) -> tuple[Path, Path]:
         return self.root / f"{key}.npy", self.root / f"{key}.json"

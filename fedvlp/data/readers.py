@@ -1,6 +1,6 @@
 """Readers for the real datasets in their published layouts, with the standard splits.
 
-`read_<name>(root, **options) -> RealDataset`; `READERS` maps the dataset names to them. Only
+`read_<name>(root, **options) -> Dataset`; `READERS` maps the dataset names to them. Only
 annotation files are parsed at read time; images stay on disk as `FileImages` and are opened
 when loaded (a missing or corrupt image is reported then, or by `cache_key()`).
 
@@ -16,12 +16,12 @@ import io
 import json
 import os
 import xml.etree.ElementTree as ET
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from fedvlp.data.images import FileImages, ImageSource
+from fedvlp.data.dataset import Dataset, Split
+from fedvlp.data.images import FileImages
 from fedvlp.errors import ConfigError, DataError
 
 VOC_CLASSES = (
@@ -35,29 +35,6 @@ MMIMDB_GENRES = (
     "Animation", "Musical", "Music", "Western", "Sport", "Short", "Film-Noir",
 )
 FEDPRIME_IMDB_CLASSES = 8
-
-
-@dataclass(frozen=True, eq=False)   # eq=False: arrays do not compare/hash as dataclass fields
-class RealSplit:
-    """One split: lazily loaded images, labels and (image+text datasets only) one text per image."""
-    images: ImageSource
-    labels: np.ndarray
-    texts: tuple[str, ...] | None = None
-
-    def __post_init__(self):
-        n = len(self.images)
-        if len(self.labels) != n or (self.texts is not None and len(self.texts) != n):
-            texts = "-" if self.texts is None else len(self.texts)
-            raise ValueError(f"RealSplit: {n} images, {len(self.labels)} labels, {texts} texts")
-
-
-@dataclass(frozen=True, eq=False)
-class RealDataset:
-    name: str
-    class_names: tuple[str, ...]
-    multilabel: bool
-    train: RealSplit
-    test: RealSplit
 
 
 # --------------------------------------------------------------------------- file helpers
@@ -129,13 +106,13 @@ def _top_k_relabel(train: np.ndarray, names: tuple[str, ...], k: int) -> tuple[n
     return mapping, tuple(names[c] for c in keep)
 
 
-def _filter_split(split: RealSplit, mapping: np.ndarray) -> RealSplit:
+def _filter_split(split: Split, mapping: np.ndarray) -> Split:
     """Keep the samples whose single label survives `mapping`, relabelled."""
     new = mapping[split.labels]
     keep = np.flatnonzero(new >= 0)
     paths = split.images.paths
     texts = None if split.texts is None else tuple(split.texts[i] for i in keep)
-    return RealSplit(FileImages(tuple(paths[i] for i in keep)), new[keep], texts)
+    return Split(FileImages(tuple(paths[i] for i in keep)), new[keep], texts)
 
 
 # --------------------------------------------------------------------------- VOC2007
@@ -183,15 +160,15 @@ def _voc_row(xml_path: Path) -> np.ndarray:
     return row
 
 
-def _voc_split(voc: Path, split: str) -> RealSplit:
+def _voc_split(voc: Path, split: str) -> Split:
     # Class-specific lists ("<id> <flag>") also work: only the first token is the id.
     ids = [line.split()[0] for line in
            _read_lines(voc / "ImageSets" / "Main" / f"{split}.txt", "one VOC image id per line")]
     labels = np.stack([_voc_row(voc / "Annotations" / f"{i}.xml") for i in ids])
-    return RealSplit(_under(voc / "JPEGImages", ids, ".jpg"), labels)
+    return Split(_under(voc / "JPEGImages", ids, ".jpg"), labels)
 
 
-def read_voc2007(root: str | Path) -> RealDataset:
+def read_voc2007(root: str | Path) -> Dataset:
     """PASCAL VOC 2007, 20 classes (standard order aeroplane .. tvmonitor), multi-label.
 
     Layout: ``root/VOCdevkit/VOC2007/`` (or ``root`` itself being the VOC2007 folder) with
@@ -200,7 +177,7 @@ def read_voc2007(root: str | Path) -> RealDataset:
     non-difficult object of it, -1 (unknown) if only difficult ones, else 0.
     """
     voc = _voc_dir(root)
-    return RealDataset("voc2007", VOC_CLASSES, True, _voc_split(voc, "trainval"), _voc_split(voc, "test"))
+    return Dataset("voc2007", VOC_CLASSES, True, _voc_split(voc, "trainval"), _voc_split(voc, "test"))
 
 
 # --------------------------------------------------------------------------- COCO2014
@@ -258,7 +235,7 @@ def _coco_split(root: Path, split: str, cat_ids: np.ndarray | None):
     rows = order[_lookup(sorted_ids, ann_images, path, "image_id", "an id listed in 'images'")]
     cols = _lookup(ids, ann_cats, path, "category_id", "an id listed in 'categories'")
     labels = _multi_hot(len(image_ids), len(ids), rows, cols)   # images without annotations stay all-zero
-    split_data = RealSplit(_under(root / split, files), labels)
+    split_data = Split(_under(root / split, files), labels)
     return split_data, ids, names
 
 
@@ -272,7 +249,7 @@ def _lookup(sorted_keys: np.ndarray, values: np.ndarray, path: Path, field: str,
     return pos
 
 
-def read_coco2014(root: str | Path) -> RealDataset:
+def read_coco2014(root: str | Path) -> Dataset:
     """MS-COCO 2014, 80 classes (categories sorted by id, names from the JSON), multi-label.
 
     Layout: ``root/{train2014,val2014}/<file_name>`` and
@@ -283,7 +260,7 @@ def read_coco2014(root: str | Path) -> RealDataset:
     root = _require_dir(root, "a COCO2014 tree (train2014/, val2014/, annotations/)")
     train, ids, names = _coco_split(root, "train2014", None)
     test, _, _ = _coco_split(root, "val2014", ids)
-    return RealDataset("coco2014", names, True, train, test)
+    return Dataset("coco2014", names, True, train, test)
 
 
 # --------------------------------------------------------------------------- NUS-WIDE
@@ -316,16 +293,16 @@ def _read_01_column(path: Path, n: int, list_path: Path) -> np.ndarray:
     raise DataError(f"{path}: line {bad + 1} is {lines[bad][:20]!r}; expected {expected}")
 
 
-def _nuswide_split(root: Path, concepts: tuple[str, ...], split: str) -> RealSplit:
+def _nuswide_split(root: Path, concepts: tuple[str, ...], split: str) -> Split:
     list_path = root / "ImageList" / f"{split}Imagelist.txt"
     # The lists use Windows separators ("actor\0001_2124494179.jpg").
     rel = [line.replace("\\", "/") for line in _read_lines(list_path, "one relative image path per line")]
     label_dir = root / "Groundtruth" / "TrainTestLabels"
     columns = [_read_01_column(label_dir / f"Labels_{c}_{split}.txt", len(rel), list_path) for c in concepts]
-    return RealSplit(_under(root / "Flickr", rel), np.stack(columns, axis=1))
+    return Split(_under(root / "Flickr", rel), np.stack(columns, axis=1))
 
 
-def read_nuswide(root: str | Path) -> RealDataset:
+def read_nuswide(root: str | Path) -> Dataset:
     """NUS-WIDE, 81 concepts, multi-label, official layout.
 
     ``root/Concepts81.txt`` (one concept per line), ``root/ImageList/{Train,Test}Imagelist.txt``
@@ -335,13 +312,13 @@ def read_nuswide(root: str | Path) -> RealDataset:
     """
     root = _require_dir(root, "a NUS-WIDE tree (Concepts81.txt, ImageList/, Groundtruth/, Flickr/)")
     concepts = tuple(_read_lines(root / "Concepts81.txt", "one NUS-WIDE concept per line"))
-    return RealDataset("nuswide", concepts, True, _nuswide_split(root, concepts, "Train"),
+    return Dataset("nuswide", concepts, True, _nuswide_split(root, concepts, "Train"),
                        _nuswide_split(root, concepts, "Test"))
 
 
 # --------------------------------------------------------------------------- UPMC Food-101
 
-def _food_split(root: Path, split: str, class_index: dict[str, int]) -> RealSplit:
+def _food_split(root: Path, split: str, class_index: dict[str, int]) -> Split:
     path = root / "texts" / f"{split}_titles.csv"
     expected = "CSV rows file_name,text,class"
     # Titles are scraped web text: undecodable bytes become U+FFFD rather than failing the read.
@@ -364,10 +341,10 @@ def _food_split(root: Path, split: str, class_index: dict[str, int]) -> RealSpli
         texts.append(title)
     if not paths:
         raise DataError(f"{path}: no rows; expected {expected}")
-    return RealSplit(FileImages(tuple(paths)), np.array(labels, np.int64), tuple(texts))
+    return Split(FileImages(tuple(paths)), np.array(labels, np.int64), tuple(texts))
 
 
-def read_food101(root: str | Path, top_k: int | None = None) -> RealDataset:
+def read_food101(root: str | Path, top_k: int | None = None) -> Dataset:
     """UPMC Food-101, 101 classes, image + text, single-label.
 
     Layout: ``root/images/{train,test}/<class>/<file>.jpg`` and
@@ -390,7 +367,7 @@ def read_food101(root: str | Path, top_k: int | None = None) -> RealDataset:
             raise ConfigError(f"top_k: expected an integer in 1..{len(names)} or None, got {top_k!r}")
         mapping, names = _top_k_relabel(train.labels, names, top_k)
         train, test = _filter_split(train, mapping), _filter_split(test, mapping)
-    return RealDataset("food101", names, False, train, test)
+    return Dataset("food101", names, False, train, test)
 
 
 # --------------------------------------------------------------------------- MM-IMDB
@@ -410,7 +387,7 @@ def _imdb_movie(path: Path) -> tuple[list[str], str]:
     return genres, plots[0]
 
 
-def _imdb_split(root: Path, ids: list[str]) -> RealSplit:
+def _imdb_split(root: Path, ids: list[str]) -> Split:
     genre_index = {g: i for i, g in enumerate(MMIMDB_GENRES)}
     rows, cols, texts = [], [], []
     for row, movie in enumerate(ids):
@@ -421,7 +398,7 @@ def _imdb_split(root: Path, ids: list[str]) -> RealSplit:
             cols.append(c)
         texts.append(plot)
     labels = _multi_hot(len(ids), len(MMIMDB_GENRES), np.array(rows, np.int64), np.array(cols, np.int64))
-    return RealSplit(_under(root / "dataset", ids, ".jpeg"), labels, tuple(texts))
+    return Split(_under(root / "dataset", ids, ".jpeg"), labels, tuple(texts))
 
 
 def _imdb_ids(split_json, path: Path, split: str) -> list[str]:
@@ -431,20 +408,20 @@ def _imdb_ids(split_json, path: Path, split: str) -> list[str]:
     return [str(i) for i in ids]
 
 
-def _fedprime_imdb(train: RealSplit, test: RealSplit) -> tuple[tuple[str, ...], RealSplit, RealSplit]:
+def _fedprime_imdb(train: Split, test: Split) -> tuple[tuple[str, ...], Split, Split]:
     """FED-PRIME's protocol: single-genre movies only, then the 8 genres most frequent among them in train."""
-    def single(split: RealSplit) -> RealSplit:
+    def single(split: Split) -> Split:
         keep = np.flatnonzero((split.labels == 1).sum(axis=1) == 1)
         texts = tuple(split.texts[i] for i in keep)
         paths = tuple(split.images.paths[i] for i in keep)
-        return RealSplit(FileImages(paths), split.labels[keep].argmax(axis=1).astype(np.int64), texts)
+        return Split(FileImages(paths), split.labels[keep].argmax(axis=1).astype(np.int64), texts)
 
     train, test = single(train), single(test)
     mapping, names = _top_k_relabel(train.labels, MMIMDB_GENRES, FEDPRIME_IMDB_CLASSES)
     return names, _filter_split(train, mapping), _filter_split(test, mapping)
 
 
-def read_mmimdb(root: str | Path, protocol: str = "multilabel") -> RealDataset:
+def read_mmimdb(root: str | Path, protocol: str = "multilabel") -> Dataset:
     """MM-IMDB, 23 genres, image (poster) + text (first plot).
 
     Layout: ``root/split.json`` ({"train": [ids], "dev": [ids], "test": [ids]}),
@@ -464,8 +441,8 @@ def read_mmimdb(root: str | Path, protocol: str = "multilabel") -> RealDataset:
     test = _imdb_split(root, _imdb_ids(split_json, split_path, "test"))
     if protocol == "fedprime":
         names, train, test = _fedprime_imdb(train, test)
-        return RealDataset("mmimdb", names, False, train, test)
-    return RealDataset("mmimdb", MMIMDB_GENRES, True, train, test)
+        return Dataset("mmimdb", names, False, train, test)
+    return Dataset("mmimdb", MMIMDB_GENRES, True, train, test)
 
 
 READERS = {

@@ -72,6 +72,10 @@ class Method(torch.nn.Module):
             object.__setattr__(self, "_initial_local", self.local_state())
         self.load_state_dict({**global_state, **(local_state if local_state is not None else self._initial_local)})
 
+    def default_loss(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        """BCE over known labels for multi-label tasks, cross-entropy for single-label ones."""
+        return masked_bce(logits, labels) if self.task.multilabel else F.cross_entropy(logits, labels)
+
     @torch.no_grad()
     def score(self, features: torch.Tensor, chunk: int = 1024) -> torch.Tensor:
         self.eval()

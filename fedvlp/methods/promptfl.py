@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from fedvlp.config import spec_field
-from fedvlp.methods.base import ClientData, Method, masked_bce, minibatches
+from fedvlp.methods.base import ClientData, Method, minibatches
 from fedvlp.methods.prompts import PromptTemplate
 from fedvlp.methods.registry import register
 
@@ -49,7 +49,7 @@ class PromptFL(Method):
         optimizer = torch.optim.Adam(self.parameters(), lr=self.params.lr)
         losses = []
         for batch in minibatches(len(data), self.params.batch_size, self.params.local_epochs, generator):
-            loss = masked_bce(self(data.features[batch]), data.labels[batch])
+            loss = self.default_loss(self(data.features[batch]), data.labels[batch])
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             optimizer.step()

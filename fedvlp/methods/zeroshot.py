@@ -11,7 +11,7 @@ import torch
 
 from fedvlp.config import spec_field
 from fedvlp.errors import ConfigError
-from fedvlp.methods.base import ClientData, Method, masked_bce
+from fedvlp.methods.base import ClientData, Method
 from fedvlp.methods.registry import register
 
 
@@ -41,4 +41,4 @@ class ZeroShot(Method):
     @torch.no_grad()
     def local_update(self, data: ClientData, generator: torch.Generator) -> dict[str, float]:
         """Nothing to train: report the loss of the fixed prompts on the client's data."""
-        return {"loss": masked_bce(self.score(data.features), data.labels).item() if len(data) else 0.0, "steps": 0}
+        return {"loss": self.default_loss(self.score(data.features), data.labels).item() if len(data) else 0.0, "steps": 0}

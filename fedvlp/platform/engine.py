@@ -19,12 +19,14 @@ import ray
 from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from fedvlp.backbones import load_clip, prepare_backbone
-from fedvlp.data import load_dataset, partition_clients
+from fedvlp.backbones import backbone_id, load_clip, prepare_backbone
+from fedvlp.backbones.clip import FEATURE_CHUNK
+from fedvlp.data import prepare_data
+from fedvlp.data.feature_cache import FeatureCache, feature_key
 from fedvlp.errors import ResourceError, RoundTimeoutError
 from fedvlp.methods.base import Task
 from fedvlp.platform.coordinator import Coordinator
-from fedvlp.platform.metrics import multilabel_metrics
+from fedvlp.platform.metrics import multilabel_metrics, single_label_metrics
 from fedvlp.platform.tracking import RunTracker
 from fedvlp.platform.worker import ClientWorker, build_method
 
@@ -40,6 +42,7 @@ class RunResult:
     history: list[dict] = field(default_factory=list)
     workers: list[dict] = field(default_factory=list)
     final_state: dict | None = None
+    feature_cache: dict = field(default_factory=dict)
 
 
 def run_federated(spec, *, progress: bool = True, on_round=None, tags: dict | None = None) -> RunResult:
@@ -48,12 +51,12 @@ def run_federated(spec, *, progress: bool = True, on_round=None, tags: dict | No
     `on_round(round, metrics)` is called after each round (Tune reports through it).
     """
     say = print if progress else (lambda *a, **k: None)
+    started = time.perf_counter()
 
     # 1. Everything that depends only on the inputs, before any cluster work.
     prepare_backbone(spec, progress=progress)
-    dataset = load_dataset(spec)
-    parts = partition_clients(dataset, spec)
-    task = Task(dataset.class_names, multilabel=dataset.multilabel)
+    data = prepare_data(spec)
+    task = Task(data.dataset.class_names, multilabel=data.dataset.multilabel)
     method = build_method(spec, load_clip(spec), task)
     initial_state = method.global_state()
     rules = {key: method.rule_of(key) for key in initial_state}
@@ -70,17 +73,20 @@ def run_federated(spec, *, progress: bool = True, on_round=None, tags: dict | No
             num_cpus=spec.resources.coordinator_cpus,
             scheduling_strategy=PlacementGroupSchedulingStrategy(placement, placement_group_bundle_index=bundle_offset),
         ).remote(spec.seed, spec.federation.clients, spec.federation.participation, initial_state, rules)
-        workers, home = _start_workers(spec, dataset, parts, placement, bundle_offset)
+        workers = _start_workers(spec, task, placement, bundle_offset)
         actors = [coordinator, *workers]
         worker_info = _wait([w.ready.remote() for w in workers], "start-up of the client workers",
                             spec.resources.startup_timeout_s, "resources.startup_timeout_s")
+        home, cache_status = _attach_data(spec, data, workers, worker_info[0]["transform"], say)
+        tracker.set_tags(cache_status)
+        tracker.log_metrics(0, {"startup_seconds": time.perf_counter() - started})
         say(f"fedvlp: {len(workers)} workers ready on {len({w['node_id'] for w in worker_info})} node(s); "
             f"{spec.federation.clients} clients, MLflow run {tracker.run_id}")
 
-        evaluate = lambda state_ref: _evaluate(spec, workers, state_ref, dataset.test_labels)  # noqa: E731
+        evaluate = lambda state_ref: _evaluate(spec, workers, state_ref, data.test_labels, task)  # noqa: E731
         initial = evaluate(coordinator.global_state.remote())
         tracker.log_metrics(0, _prefixed(initial, "test_"))
-        say(f"round 0/{spec.federation.rounds}  test mAP {initial['mAP']:.4f}  (before training)")
+        say(f"round 0/{spec.federation.rounds}  " + _headline(initial) + "  (before training)")
         history, final = [], initial
         checkpoint = Path(spec.output_dir) / tracker.run_id / "checkpoint.pt"
         for round_index in range(1, spec.federation.rounds + 1):
@@ -114,7 +120,7 @@ def run_federated(spec, *, progress: bool = True, on_round=None, tags: dict | No
         tracker.log_json({"initial": initial, "final": final, "rounds": spec.federation.rounds}, "final_metrics.json")
         tracker.set_tags({"checkpoint": str(checkpoint.resolve())})
         tracker.end("FINISHED")
-        return RunResult(tracker.run_id, tracker.uri, final, initial, history, worker_info, final_state)
+        return RunResult(tracker.run_id, tracker.uri, final, initial, history, worker_info, final_state, cache_status)
     except KeyboardInterrupt:
         tracker.end("KILLED")
         raise
@@ -186,25 +192,57 @@ def _reserve(spec):
     return group, 0
 
 
-def _start_workers(spec, dataset, parts, group, offset):
-    """P workers; client k lives on worker k mod P (its home) for the whole run."""
-    num_workers = spec.resources.workers
-    home = {cid: cid % num_workers for cid in range(len(parts))}
-    data_ref = ray.put({
-        "class_names": list(dataset.class_names),
-        "train_images": dataset.train_images, "train_labels": dataset.train_labels,
-        "test_images": dataset.test_images,
-    })
-    blocks = [(s, min(s + EVAL_BLOCK, len(dataset.test_labels))) for s in range(0, len(dataset.test_labels), EVAL_BLOCK)]
-    workers = []
-    for w in range(num_workers):
-        strategy = PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=offset + 1 + w)
-        workers.append(ClientWorker.options(
-            num_cpus=spec.resources.num_cpus, num_gpus=spec.resources.num_gpus, scheduling_strategy=strategy,
-        ).remote(spec, w, data_ref,
-                 {cid: parts[cid] for cid in range(len(parts)) if home[cid] == w},
-                 blocks[w::num_workers]))
-    return workers, home
+def _start_workers(spec, task, group, offset):
+    """P workers, each in its own bundle of the run's placement group."""
+    return [
+        ClientWorker.options(
+            num_cpus=spec.resources.num_cpus, num_gpus=spec.resources.num_gpus,
+            scheduling_strategy=PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=offset + 1 + w),
+        ).remote(spec, w, task)
+        for w in range(spec.resources.workers)
+    ]
+
+
+def _frozen_features(spec, data, workers, transform: str, say) -> tuple[dict[str, np.ndarray], dict[str, str]]:
+    """Image features of both splits: from the on-disk cache, else encoded by the workers in parallel.
+
+    Samples are encoded in fixed chunks, so a feature never depends on which worker computed it.
+    """
+    cache = FeatureCache() if spec.data.feature_cache else None
+    out, status = {}, {}
+    for name, split in (("train", data.dataset.train), ("test", data.dataset.test)):
+        parts = {"backbone": backbone_id(spec), "dataset": data.dataset.name, "split": name,
+                 "images": split.images.cache_key(), "transform": transform}
+        key = feature_key(**parts)
+        features = cache.get(key) if cache is not None else None
+        status[f"feature_cache.{name}"] = "off" if cache is None else ("hit" if features is not None else "miss")
+        if features is None:
+            images = ray.put(split.images)
+            chunks = [(s, min(s + FEATURE_CHUNK, len(split))) for s in range(0, len(split), FEATURE_CHUNK)]
+            refs = [w.encode.remote(images, chunks[i :: len(workers)]) for i, w in enumerate(workers)]
+            blocks = [b for per_worker in _wait(refs, f"encoding {name} features", spec.resources.startup_timeout_s,
+                                                "resources.startup_timeout_s") for b in per_worker]
+            features = np.concatenate([f for _, f in sorted(blocks, key=lambda b: b[0])])
+            if cache is not None:
+                cache.put(key, features, parts)
+                say(f"fedvlp: cached {name} features {features.shape} in {cache.root}")
+        out[name] = np.asarray(features)
+    return out, status
+
+
+def _attach_data(spec, data, workers, transform: str, say) -> tuple[dict[int, int], dict[str, str]]:
+    """Give every worker its clients' features and labels; client k lives on worker k mod P (its home)."""
+    features, cache_status = _frozen_features(spec, data, workers, transform, say)
+    num_workers = len(workers)
+    home = {cid: cid % num_workers for cid in range(len(data.parts))}
+    train_ref, labels_ref, test_ref = ray.put(features["train"]), ray.put(data.train_labels), ray.put(features["test"])
+    num_test = len(data.test_labels)
+    blocks = [(s, min(s + EVAL_BLOCK, num_test)) for s in range(0, num_test, EVAL_BLOCK)]
+    refs = [w.attach.remote(train_ref, labels_ref, {c: data.parts[c] for c in home if home[c] == i},
+                            test_ref, blocks[i::num_workers])
+            for i, w in enumerate(workers)]
+    _wait(refs, "loading client data", spec.resources.startup_timeout_s, "resources.startup_timeout_s")
+    return home, cache_status
 
 
 def _wait(refs, what: str, timeout: float, knob: str = "resources.round_timeout_s", fetch: bool = True):
@@ -220,20 +258,24 @@ def _wait(refs, what: str, timeout: float, knob: str = "resources.round_timeout_
 
 # ---------------------------------------------------------------- evaluation and output
 
-def _evaluate(spec, workers, state_ref, labels: np.ndarray) -> dict[str, float]:
+def _evaluate(spec, workers, state_ref, labels: np.ndarray, task) -> dict[str, float]:
     """Score the test split sharded over the workers; compute the metrics centrally."""
     refs = [w.evaluate.remote(state_ref) for w in workers]
     blocks = [b for per_worker in _wait(refs, "evaluation", spec.resources.round_timeout_s) for b in per_worker]
     logits = np.concatenate([scores for _, scores in sorted(blocks, key=lambda b: b[0])])
-    return multilabel_metrics(logits, labels)
+    return multilabel_metrics(logits, labels) if task.multilabel else single_label_metrics(logits, labels)
 
 
 def _prefixed(metrics: dict, prefix: str) -> dict:
     return {prefix + k: v for k, v in metrics.items()}
 
 
+HEADLINE = ("mAP", "CF1", "OF1", "accuracy", "macro_f1")
+
+
+def _headline(metrics: dict, prefix: str = "") -> str:
+    return "  ".join(f"test {k} {metrics[prefix + k]:.4f}" for k in HEADLINE if prefix + k in metrics)
+
+
 def _round_line(round_index: int, rounds: int, m: dict) -> str:
-    line = f"round {round_index}/{rounds}  loss {m['train_loss']:.4f}"
-    if "test_mAP" in m:
-        line += f"  test mAP {m['test_mAP']:.4f}  CF1 {m['test_CF1']:.4f}  OF1 {m['test_OF1']:.4f}"
-    return line + f"  {m['round_seconds']:.1f} s"
+    return f"round {round_index}/{rounds}  loss {m['train_loss']:.4f}  {_headline(m, 'test_')}  {m['round_seconds']:.1f} s"

@@ -1,8 +1,9 @@
 """ClientWorker: a long-lived actor that trains the virtual clients it owns.
 
-It loads the frozen backbone once, computes its clients' frozen image features once, and
-keeps them for the whole run; per round it only receives the global state (one object-store
-reference shared by all workers) and the cohort's client-local states.
+It loads the frozen backbone once, helps encode the frozen image features once (or reads
+them from the on-disk cache through the driver), keeps its clients' features and labels for
+the whole run, and per round only receives the global state (one object-store reference
+shared by all workers) and the cohort's client-local states.
 """
 from __future__ import annotations
 
@@ -27,29 +28,39 @@ def build_method(spec, backbone, task: Task):
 
 @ray.remote(max_restarts=0)
 class ClientWorker:
-    def __init__(self, spec, index: int, data: dict, client_indices: dict[int, np.ndarray],
-                 test_blocks: list[tuple[int, int]]):
+    def __init__(self, spec, index: int, task: Task):
         torch.set_num_threads(max(1, int(spec.resources.num_cpus)))
         self.spec, self.index = spec, index
         gpu_ids = ray.get_gpu_ids()
         self.device = torch.device("cuda" if gpu_ids and torch.cuda.is_available() else "cpu")
-        backbone = load_clip(spec, self.device)
-        task = Task(tuple(data["class_names"]), multilabel=True)
-        self.method = build_method(spec, backbone, task).to(self.device)
-        self.clients = {
-            cid: ClientData(
-                features=backbone.encode_images(data["train_images"][idx]).to(self.device),
-                labels=torch.from_numpy(data["train_labels"][idx].astype(np.float32)).to(self.device),
-            )
-            for cid, idx in client_indices.items()
-        }
-        self.test_blocks = [(start, backbone.encode_images(data["test_images"][start:end]).to(self.device))
-                            for start, end in test_blocks]
+        self.backbone = load_clip(spec, self.device)
+        self.method = build_method(spec, self.backbone, task).to(self.device)
+        self.clients: dict[int, ClientData] = {}
+        self.test_blocks: list[tuple[int, torch.Tensor]] = []
 
     def ready(self) -> dict:
         return {"index": self.index, "pid": os.getpid(), "node_id": ray.get_runtime_context().get_node_id(),
                 "gpu_ids": [str(g) for g in ray.get_gpu_ids()], "device": str(self.device),
-                "clients": sorted(self.clients)}
+                "transform": self.backbone.transform_id}
+
+    def encode(self, images, ranges: list[tuple[int, int]]) -> list[tuple[int, np.ndarray]]:
+        """Frozen image features (float16) of the sample ranges this worker was given."""
+        size = self.backbone.image_size[0]
+        return [(start, self.backbone.encode_images(images.load(range(start, end), size)).numpy().astype(np.float16))
+                for start, end in ranges]
+
+    def attach(self, train_features: np.ndarray, train_labels: np.ndarray, client_indices: dict[int, np.ndarray],
+               test_features: np.ndarray, test_blocks: list[tuple[int, int]]) -> list[int]:
+        """Keep the features and labels of this worker's clients and test blocks for the whole run."""
+        to_tensor = lambda a: torch.from_numpy(np.asarray(a, dtype=np.float32)).to(self.device)  # noqa: E731
+        labels_dtype = np.float32 if train_labels.ndim == 2 else np.int64
+        self.clients = {
+            cid: ClientData(to_tensor(train_features[idx]),
+                            torch.from_numpy(train_labels[idx].astype(labels_dtype)).to(self.device))
+            for cid, idx in client_indices.items()
+        }
+        self.test_blocks = [(start, to_tensor(test_features[start:end])) for start, end in test_blocks]
+        return sorted(self.clients)
 
     def train(self, round_index: int, client_ids: list[int], global_state: dict, client_states: dict) -> list[dict]:
         updates = []

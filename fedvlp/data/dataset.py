@@ -1,0 +1,38 @@
+"""The in-memory description of a dataset: two splits of lazily loaded images, labels and texts."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from fedvlp.data.images import ImageSource
+
+
+@dataclass(frozen=True, eq=False)  # eq=False: arrays do not compare or hash as dataclass fields
+class Split:
+    """Images (loaded lazily), labels and, for image+text datasets, one text per image.
+
+    Labels: multi-label int8 [n, C] with 1 present, 0 absent, -1 unknown (ignored by losses and
+    metrics); single-label int64 [n] class indices.
+    """
+    images: ImageSource
+    labels: np.ndarray
+    texts: tuple[str, ...] | None = None
+
+    def __post_init__(self):
+        n = len(self.images)
+        if len(self.labels) != n or (self.texts is not None and len(self.texts) != n):
+            texts = "-" if self.texts is None else len(self.texts)
+            raise ValueError(f"Split: {n} images, {len(self.labels)} labels, {texts} texts")
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+
+@dataclass(frozen=True, eq=False)
+class Dataset:
+    name: str
+    class_names: tuple[str, ...]
+    multilabel: bool
+    train: Split
+    test: Split

@@ -1,0 +1,100 @@
+"""The data layer wired together: dataset selection, label masks, partitions, missing tables, stats, feature cache."""
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from fedvlp.config import load_spec
+from fedvlp.data import prepare_data
+from fedvlp.data.feature_cache import FeatureCache, feature_key
+from fedvlp.data.masking import mask_labels
+from fedvlp.errors import ConfigError
+
+
+def test_label_mask_hides_annotations_as_unknown_or_negative():
+    labels = (np.random.default_rng(0).random((2000, 20)) < 0.2).astype(np.int8)
+    unknown = mask_labels(labels, 0.3, seed=0)
+    hidden = unknown == -1
+    assert abs(hidden.mean() - 0.3) < 0.01
+    assert np.array_equal(unknown[~hidden], labels[~hidden])
+    negative = mask_labels(labels, 0.3, seed=0, mask_as="negative")
+    assert set(np.unique(negative)) <= {0, 1}
+    assert np.array_equal(negative, np.where(hidden, 0, labels))  # same draws, hidden positives dropped to 0
+    assert np.array_equal(mask_labels(labels, 0.3, seed=0), unknown)
+    assert not np.array_equal(mask_labels(labels, 0.3, seed=1), unknown)
+    assert np.array_equal(mask_labels(labels, 0.0, seed=0), labels)
+
+
+def test_prepare_data_masks_train_only_and_partitions_every_sample():
+    spec = load_spec(None, ["data.num_train=500", "data.num_test=200", "data.label_mask=0.5"])
+    data = prepare_data(spec)
+    assert abs((data.train_labels == -1).mean() - 0.5) < 0.02
+    assert (data.test_labels >= 0).all()  # test labels are never masked
+    assert sorted(np.concatenate(data.parts).tolist()) == list(range(500))
+    assert data.train_missing is None
+
+
+def test_single_label_recipes_use_dirichlet_and_get_missing_tables():
+    spec = load_spec(None, ["data.name=synthetic-recipes", "data.num_train=600", "data.num_test=300",
+                            "data.missing_rate=0.7", "data.missing_type=both"])
+    data = prepare_data(spec)
+    assert not data.dataset.multilabel and data.dataset.train.texts is not None
+    assert (data.train_missing > 0).sum() == int(600 * 0.7)
+    assert set(data.eval_missing) == {"train_setting", "full", "miss_image", "miss_text", "miss_both",
+                                      "image_only", "text_only"}
+    skewed = prepare_data(load_spec(None, ["data.name=synthetic-recipes", "data.num_train=600",
+                                           "federation.dirichlet_alpha=0.05"]))
+    from fedvlp.data.partition import label_distribution_js
+    assert label_distribution_js(skewed.dataset.train.labels, skewed.parts) > \
+        label_distribution_js(data.dataset.train.labels, data.parts)
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["data.name=voc2007"], r"data\.root: required for voc2007"),
+    (["data.name=coco2014", "data.root=/no/such/dir"], r"data\.root: /no/such/dir is not a directory"),
+    (["data.label_mask=1.0"], r"data\.label_mask: expected a value < 1"),
+    (["data.missing_rate=0.5"], r"data\.missing_rate: synthetic-scenes has no text modality"),
+    (["data.name=synthetic-recipes", "data.label_mask=0.2"], r"data\.label_mask: partial labels need multi-label"),
+    (["federation.partition=dirichlet"], r"federation\.partition: dirichlet needs single-label data"),
+    (["federation.clients=5000"], r"federation\.clients: 5000 clients but only 2000"),
+])
+def test_bad_data_settings_name_the_key(overrides, message):
+    with pytest.raises(ConfigError, match=message):
+        prepare_data(load_spec(None, overrides))
+
+
+def test_stats_command_prints_js_rising_with_t_and_plots(tmp_path):
+    figures = []
+    for t in (0, 0.25, 0.5, 0.75, 1):
+        out = subprocess.run([sys.executable, "-m", "fedvlp", "data", "stats", "--set", f"federation.heterogeneity={t}"],
+                             capture_output=True, text=True, check=True, cwd=tmp_path).stdout
+        assert out.splitlines()[1].split()[:3] == ["client", "samples", "classes"]
+        assert len([l for l in out.splitlines() if l.strip().split(" ")[0].isdigit()]) == 10
+        figures.append(float(out.strip().splitlines()[-1].rsplit("=", 1)[1]))
+    assert figures == sorted(figures) and figures[-1] - figures[0] > 0.4
+    plot = tmp_path / "counts.png"
+    subprocess.run([sys.executable, "-m", "fedvlp", "data", "stats", "--plot", str(plot)], check=True,
+                   capture_output=True, cwd=tmp_path)
+    assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_feature_cache_keys_and_partial_entries(tmp_path):
+    cache = FeatureCache(tmp_path)
+    parts = {"backbone": "tiny-clip:fedvlp:abc", "dataset": "synthetic-scenes", "split": "train",
+             "images": "h1", "transform": "32x32"}
+    key = feature_key(**parts)
+    assert cache.get(key) is None
+    features = np.random.default_rng(0).standard_normal((10, 4)).astype(np.float32)
+    cache.put(key, features, parts)
+    hit = cache.get(key)
+    assert hit.dtype == np.float16 and isinstance(hit, np.memmap)
+    assert np.array_equal(hit, features.astype(np.float16))
+    for part in parts:  # any change of any part of the key is a different entry, never a stale hit
+        assert cache.get(feature_key(**{**parts, part: parts[part] + "'"})) is None
+    # a killed writer: data without its completion marker, or a truncated data file, is never valid
+    other = feature_key(**{**parts, "split": "test"})
+    np.save(tmp_path / f"{other}.npy", features.astype(np.float16))
+    assert cache.get(other) is None
+    (tmp_path / f"{key}.npy").write_bytes((tmp_path / f"{key}.npy").read_bytes()[:100])
+    assert cache.get(key) is None
