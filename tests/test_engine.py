@@ -107,3 +107,26 @@ def test_second_run_hits_the_feature_cache_with_identical_results(ray_cluster, t
                         progress=False)
     assert off.feature_cache == {"feature_cache.train": "off", "feature_cache.test": "off"}
     assert off.final == cold.final
+
+
+def test_a_real_layout_dataset_runs_from_disk(ray_cluster, tracking_uri, tmp_path):
+    """data.name + data.root select a reader; images are loaded lazily by the workers, resized to the backbone."""
+    from test_readers import voc_xml, write_image, write_text
+
+    voc = tmp_path / "voc" / "VOCdevkit" / "VOC2007"
+    classes = ["dog", "cat", "car", "person"]
+    rng = __import__("numpy").random.default_rng(0)
+    for split, count in (("trainval", 40), ("test", 20)):
+        ids = [f"{split[:2]}{i:04d}" for i in range(count)]
+        write_text(voc / "ImageSets" / "Main" / f"{split}.txt", "".join(f"{i}\n" for i in ids))
+        for image_id in ids:
+            objects = [(c, 0) for c in rng.choice(classes, size=rng.integers(1, 3), replace=False)]
+            write_text(voc / "Annotations" / f"{image_id}.xml", voc_xml(objects))
+            write_image(voc / "JPEGImages" / f"{image_id}.jpg", tuple(int(v) for v in rng.integers(0, 255, 3)),
+                        size=(48, 40))
+    spec = small_run(tracking_uri, tmp_path, "data.name=voc2007", f"data.root={tmp_path / 'voc'}",
+                     "federation.rounds=1", "method.batch_size=8")
+    result = run_federated(spec, progress=False)
+    assert 0 <= result.final["mAP"] <= 1 and result.history[0]["clients"] == 4
+    _, run = _only_run(tracking_uri)
+    assert run.data.tags["dataset"] == "voc2007" and run.info.status == "FINISHED"

@@ -43,6 +43,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from fedvlp.data.synthetic import check_generator_args
 from fedvlp.seeding import numpy_rng
 
 SPLITS = ("pretrain", "train", "test")
@@ -122,15 +123,7 @@ class RecipeSet:
 
 def generate_recipes(num_samples: int, split: str, seed: int, image_size: int = 32) -> RecipeSet:
     """Generate ``num_samples`` recipes of ``split`` deterministically from ``seed``."""
-    if isinstance(num_samples, bool) or not isinstance(num_samples, (int, np.integer)) \
-            or num_samples < 0:
-        raise ValueError(f"num_samples must be a non-negative integer, got {num_samples!r}")
-    if split not in SPLITS:
-        raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
-    if isinstance(image_size, bool) or not isinstance(image_size, (int, np.integer)) \
-            or image_size < 16 or image_size % 2:
-        raise ValueError(f"image_size must be an even integer >= 16, got {image_size!r}")
-    n, size = int(num_samples), int(image_size)
+    n, size = check_generator_args(num_samples, split, image_size, SPLITS)
     rng = numpy_rng(seed, "data", STREAM_OFFSET + SPLITS.index(split))
     images = np.empty((n, size, size, 3), np.uint8)
     labels = np.empty(n, np.int64)
