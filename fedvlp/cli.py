@@ -11,6 +11,8 @@ HELP = """fedvlp: federated prompt tuning of frozen vision-language models on Ra
 
   fedvlp run                       the quickstart: PromptFL on synthetic-scenes with fedvlp's tiny CLIP
   fedvlp run CONFIG --set k=v      any run config, with dotted-key overrides
+  fedvlp sweep tune_spaces/X.yaml  a Ray Tune sweep of whole runs (--resume continues an interrupted one)
+  fedvlp report EXPERIMENT         tables and plots of a sweep, logged to its MLflow parent run
   fedvlp data stats CONFIG         what each client holds, and the heterogeneity figure
   fedvlp pretrain tiny-clip        pretrain and cache the tiny CLIP (done on first use otherwise)
 """
@@ -26,8 +28,33 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("config", nargs="?", help="run config YAML (default: configs/quickstart.yaml)")
     run.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                      help="override a dotted config key, e.g. --set federation.rounds=3 (repeatable)")
+    run.add_argument("--resume", metavar="RUN_ID",
+                     help="continue MLflow run RUN_ID from its last round checkpoint, with its own config "
+                          "(CONFIG and --set are then ignored); ends identical to an uninterrupted run")
     run.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
     run.add_argument("--quiet", action="store_true", help="no per-round progress lines")
+
+    sweep = commands.add_parser(
+        "sweep", help="a Ray Tune sweep of whole federated runs, tracked as one MLflow experiment",
+        description="Run a search space (tune_spaces/*.yaml): every trial is one whole federated run with its own "
+                    "placement group, reporting and checkpointing every round; one MLflow experiment with a parent "
+                    "run and one nested run per trial.")
+    sweep.add_argument("space", help="search-space YAML, e.g. tune_spaces/smoke.yaml")
+    sweep.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                       help="override a dotted key of the base run config for every trial (repeatable)")
+    sweep.add_argument("--resume", action="store_true",
+                       help="continue an interrupted sweep: finished trials are kept, unfinished ones resume "
+                            "from their last round")
+    sweep.add_argument("--report", action="store_true", help="write the report (fedvlp report) when done")
+
+    report = commands.add_parser("report", help="tables and plots of a sweep, logged to its parent run",
+                                 description="Write Markdown and CSV tables and PNG plots of a sweep's MLflow "
+                                             "experiment (final metric vs swept value, metric vs round, mean over "
+                                             "the sweep per method) and log them to the sweep's parent run.")
+    report.add_argument("experiment", help="MLflow experiment of the sweep, e.g. sweep-smoke")
+    report.add_argument("--metric", help="metric to report (default: the sweep's metric)")
+    report.add_argument("--out", help="output folder (default: reports/EXPERIMENT)")
+    report.add_argument("--tracking-uri", help="MLflow store (default: $MLFLOW_TRACKING_URI or ./mlflow.db)")
 
     data = commands.add_parser("data", help="inspect a run's data: clients, label skew, missing modalities")
     data_commands = data.add_subparsers(dest="data_command", required=True, metavar="SUBCOMMAND")
@@ -54,13 +81,21 @@ def _run(args) -> None:
 
     from fedvlp.config import DEFAULT_CONFIG, load_spec
 
-    spec = load_spec(args.config or DEFAULT_CONFIG, args.overrides)
+    resume = None
+    if args.resume:
+        from fedvlp.platform.engine import load_checkpoint
+        from fedvlp.platform.tracking import resumable_run
+
+        spec, checkpoint_path = resumable_run(args.resume)
+        resume = load_checkpoint(checkpoint_path)
+    else:
+        spec = load_spec(args.config or DEFAULT_CONFIG, args.overrides)
     if args.print_config:
         print(yaml.safe_dump(spec.to_dict(), sort_keys=False), end="")
         return
     from fedvlp.platform.engine import run_federated
 
-    result = run_federated(spec, progress=not args.quiet)
+    result = run_federated(spec, progress=not args.quiet, resume=resume)
     print()
     print(format_table(result.initial, result.final, spec.federation.rounds))
     print(f"\nMLflow run {result.run_id} in {result.tracking_uri}")
@@ -76,6 +111,33 @@ def format_table(initial: dict, final: dict, rounds: int) -> str:
     rows = [f"{'metric':<10} {'round 0':>9} {f'round {rounds}':>9}", "-" * 30]
     rows += [f"{k:<10} {initial[k]:>9.4f} {final[k]:>9.4f}" for k in keys if k in final]
     return "\n".join(rows)
+
+
+def _sweep(args) -> None:
+    from fedvlp.platform.sweep import load_sweep, run_sweep
+
+    sweep = load_sweep(args.space, args.overrides)
+    results = run_sweep(sweep, resume=args.resume)
+    best = results.get_best_result(metric=sweep.metric, mode=sweep.mode, scope="all") if len(results) else None
+    print(f"\nsweep {sweep.name}: {len(results)} trials, {len(results.errors)} failed; MLflow experiment "
+          f"{sweep.experiment}")
+    if best is not None and best.metrics:
+        print(f"best {sweep.metric} {best.metrics.get(sweep.metric, float('nan')):.4f} with {best.config}")
+    if args.report:
+        args.experiment, args.metric, args.out, args.tracking_uri = sweep.experiment, None, None, None
+        _report(args)
+    else:
+        print(f"tables and plots:  fedvlp report {sweep.experiment}")
+
+
+def _report(args) -> None:
+    from fedvlp.paths import default_tracking_uri
+    from fedvlp.platform.report import make_report
+
+    uri = args.tracking_uri or default_tracking_uri()
+    files = make_report(uri, args.experiment, args.out or f"reports/{args.experiment}", metric=args.metric)
+    for name, path in files.items():
+        print(f"{name:>24}: {path}")
 
 
 def _data(args) -> None:
@@ -105,7 +167,7 @@ def _pretrain(args) -> None:
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
-        {"run": _run, "data": _data, "pretrain": _pretrain}[args.command](args)
+        {"run": _run, "sweep": _sweep, "report": _report, "data": _data, "pretrain": _pretrain}[args.command](args)
     except FedvlpError as exc:
         print(f"fedvlp: error: {exc}", file=sys.stderr)
         return 2

@@ -232,19 +232,22 @@ def parse_override(text: str) -> tuple[str, Any]:
         return key.strip(), value
 
 
+def set_dotted(raw: dict, key: str, value) -> None:
+    """raw['a']['b'] = value for key 'a.b'. Switching `method.name` drops the old method's parameters."""
+    if key == "method.name" and isinstance(raw.get("method"), dict) and raw["method"].get("name") != value:
+        raw["method"] = {}
+    node = raw
+    *parents, leaf = key.split(".")
+    for part in parents:
+        node = node.setdefault(part, {})
+        if not isinstance(node, dict):
+            raise ConfigError(f"--set {key}: {part} is not a section")
+    node[leaf] = value
+
+
 def apply_overrides(raw: dict, overrides: list[str]) -> dict:
-    """Set dotted keys. Switching `method.name` drops the file's parameters of the old method."""
     for text in overrides:
-        key, value = parse_override(text)
-        if key == "method.name" and isinstance(raw.get("method"), dict) and raw["method"].get("name") != value:
-            raw["method"] = {}
-        node = raw
-        *parents, leaf = key.split(".")
-        for part in parents:
-            node = node.setdefault(part, {})
-            if not isinstance(node, dict):
-                raise ConfigError(f"--set {key}: {part} is not a section")
-        node[leaf] = value
+        set_dotted(raw, *parse_override(text))
     return raw
 
 

@@ -34,7 +34,7 @@ def ray_cluster():
     """A local Ray with explicit small resources; 4 logical GPUs so fractional placement is testable on CPU."""
     import ray
 
-    ray.init(num_cpus=2, num_gpus=4, include_dashboard=False, log_to_driver=False, logging_level="ERROR")
+    ray.init(address="local", num_cpus=2, num_gpus=4, include_dashboard=False, log_to_driver=False, logging_level="ERROR")
     try:
         yield ray
     finally:

@@ -6,8 +6,6 @@ the whole run can be checkpointed from here.
 from __future__ import annotations
 
 import itertools
-from pathlib import Path
-
 import ray
 import torch
 
@@ -18,12 +16,12 @@ from fedvlp.platform.sampling import sample_cohort
 @ray.remote(max_restarts=0)
 class Coordinator:
     def __init__(self, seed: int, num_clients: int, participation: float,
-                 initial_state: dict[str, torch.Tensor], rules: dict[str, str]):
+                 initial_state: dict[str, torch.Tensor], rules: dict[str, str], checkpoint: dict | None = None):
         self.seed, self.num_clients, self.participation = seed, num_clients, participation
-        self.state = initial_state
         self.rules = rules  # parameter name -> aggregation rule (global parameters only)
-        self.client_state: dict[int, dict] = {}
-        self.round = 0
+        self.state = checkpoint["global"] if checkpoint else initial_state
+        self.client_state: dict[int, dict] = dict(checkpoint["clients"]) if checkpoint else {}
+        self.round = checkpoint["round"] if checkpoint else 0
 
     def sample_cohort(self, round_index: int) -> list[int]:
         return sample_cohort(self.seed, round_index, self.num_clients, self.participation)
@@ -59,11 +57,6 @@ class Coordinator:
             "timings": [(u["client_id"], u["worker"], u["started"], u["finished"]) for u in updates],
         }
 
-    def save_checkpoint(self, path: str) -> str:
-        """Global state, client states and round; loadable with torch.load(weights_only=True)."""
-        target = Path(path)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        tmp = target.with_suffix(".tmp")
-        torch.save({"round": self.round, "global": self.state, "clients": self.client_state}, tmp)
-        tmp.replace(target)
-        return str(target)
+    def snapshot(self) -> dict:
+        """Round, global state and client states: everything needed to continue the run."""
+        return {"round": self.round, "global": self.state, "clients": self.client_state}

@@ -23,7 +23,7 @@ from fedvlp.backbones import backbone_id, load_clip, prepare_backbone
 from fedvlp.backbones.clip import FEATURE_CHUNK
 from fedvlp.data import prepare_data
 from fedvlp.data.feature_cache import FeatureCache, feature_key
-from fedvlp.errors import ResourceError, RoundTimeoutError
+from fedvlp.errors import FedvlpError, ResourceError, RoundTimeoutError
 from fedvlp.methods.base import Task
 from fedvlp.platform.coordinator import Coordinator
 from fedvlp.platform.metrics import multilabel_metrics, single_label_metrics
@@ -45,10 +45,13 @@ class RunResult:
     feature_cache: dict = field(default_factory=dict)
 
 
-def run_federated(spec, *, progress: bool = True, on_round=None, tags: dict | None = None) -> RunResult:
+def run_federated(spec, *, progress: bool = True, on_round=None, tags: dict | None = None,
+                  resume: dict | None = None) -> RunResult:
     """Run one federated experiment end to end and return its metrics.
 
-    `on_round(round, metrics)` is called after each round (Tune reports through it).
+    `on_round(round, metrics, checkpoint_path)` is called after each round (Tune reports
+    through it). `resume` is a round checkpoint (`load_checkpoint`): the run continues after
+    its round, in the same MLflow run, and ends bitwise identical to an uninterrupted one.
     """
     say = print if progress else (lambda *a, **k: None)
     started = time.perf_counter()
@@ -60,65 +63,62 @@ def run_federated(spec, *, progress: bool = True, on_round=None, tags: dict | No
     method = build_method(spec, load_clip(spec), task)
     initial_state = method.global_state()
     rules = {key: method.rule_of(key) for key in initial_state}
+    trainable_params = sum(p.numel() for p in method.parameters() if p.requires_grad)
     del method
 
-    tracker = RunTracker(spec, tags=tags)
+    tracker = RunTracker(spec, tags=tags, run_id=resume["run_id"] if resume else None)
     started_ray = False
     placement, bundle_offset = None, 0
     actors = []
     try:
-        started_ray = _ensure_ray(spec)
+        # 2. Place the coordinator and the worker pool; give the workers their clients' data.
+        started_ray = ensure_ray()
         placement, bundle_offset = _reserve(spec)
         coordinator = Coordinator.options(
             num_cpus=spec.resources.coordinator_cpus,
             scheduling_strategy=PlacementGroupSchedulingStrategy(placement, placement_group_bundle_index=bundle_offset),
-        ).remote(spec.seed, spec.federation.clients, spec.federation.participation, initial_state, rules)
+        ).remote(spec.seed, spec.federation.clients, spec.federation.participation, initial_state, rules, resume)
         workers = _start_workers(spec, task, placement, bundle_offset)
         actors = [coordinator, *workers]
         worker_info = _wait([w.ready.remote() for w in workers], "start-up of the client workers",
                             spec.resources.startup_timeout_s, "resources.startup_timeout_s")
         home, cache_status = _attach_data(spec, data, workers, worker_info[0]["transform"], say)
-        tracker.set_tags(cache_status)
-        tracker.log_metrics(0, {"startup_seconds": time.perf_counter() - started})
-        say(f"fedvlp: {len(workers)} workers ready on {len({w['node_id'] for w in worker_info})} node(s); "
+        nodes = sorted({w["node_id"] for w in worker_info})
+        tracker.set_tags({**cache_status, "nodes": ",".join(nodes)})
+        say(f"fedvlp: {len(workers)} workers ready on {len(nodes)} node(s); "
             f"{spec.federation.clients} clients, MLflow run {tracker.run_id}")
+        evaluate = lambda: _evaluate(spec, workers, coordinator.global_state.remote(), data.test_labels, task)  # noqa: E731
+        checkpoint = Path(spec.output_dir).resolve() / tracker.run_id / "checkpoint.pt"
+        tracker.set_tags({"checkpoint": str(checkpoint)})
 
-        evaluate = lambda state_ref: _evaluate(spec, workers, state_ref, data.test_labels, task)  # noqa: E731
-        initial = evaluate(coordinator.global_state.remote())
-        tracker.log_metrics(0, _prefixed(initial, "test_"))
-        say(f"round 0/{spec.federation.rounds}  " + _headline(initial) + "  (before training)")
-        history, final = [], initial
-        checkpoint = Path(spec.output_dir) / tracker.run_id / "checkpoint.pt"
-        for round_index in range(1, spec.federation.rounds + 1):
+        # 3. Rounds: cohort -> broadcast -> local updates -> aggregate -> evaluate -> log -> checkpoint.
+        if resume:
+            first_round, initial, final = resume["round"] + 1, resume["initial"], resume["final"]
+            say(f"fedvlp: resuming after round {resume['round']}")
+        else:
+            first_round = 1
+            initial = final = evaluate()
+            tracker.log_metrics(0, {"startup_seconds": time.perf_counter() - started,
+                                    "trainable_params": trainable_params, **_prefixed(initial, "test_")})
+            say(f"round 0/{spec.federation.rounds}  " + _headline(initial) + "  (before training)")
+        history = []
+        for round_index in range(first_round, spec.federation.rounds + 1):
             tic = time.perf_counter()
-            cohort = ray.get(coordinator.sample_cohort.remote(round_index))
-            state_ref = coordinator.global_state.remote()  # put once; every worker resolves the same ref
-            by_worker = defaultdict(list)
-            for cid in cohort:
-                by_worker[home[cid]].append(cid)
-            update_refs = [
-                workers[w].train.remote(round_index, cids, state_ref, coordinator.client_states.remote(cids))
-                for w, cids in sorted(by_worker.items())
-            ]
-            timeout = spec.resources.round_timeout_s
-            _wait(update_refs, f"round {round_index} (clients {cohort})", timeout, fetch=False)
-            summary = _wait([coordinator.aggregate.remote(round_index, *update_refs)],
-                            f"round {round_index} aggregation", timeout)[0]
-            metrics = {"train_loss": summary["train_loss"], "bytes_up": summary["bytes_up"],
-                       "bytes_down": summary["bytes_down"], "clients": len(summary["clients"])}
+            metrics = _train_round(spec, round_index, coordinator, workers, home)
             if round_index % spec.federation.eval_every == 0 or round_index == spec.federation.rounds:
-                final = evaluate(coordinator.global_state.remote())
+                final = evaluate()
                 metrics.update(_prefixed(final, "test_"))
-            ray.get(coordinator.save_checkpoint.remote(str(checkpoint)))
+            save_checkpoint(checkpoint, {**ray.get(coordinator.snapshot.remote()),
+                                         "run_id": tracker.run_id, "initial": initial, "final": final})
             metrics["round_seconds"] = time.perf_counter() - tic
+            timings = metrics.pop("timings")
             tracker.log_metrics(round_index, metrics)
-            history.append({"round": round_index, **metrics, "timings": summary["timings"]})
+            history.append({"round": round_index, **metrics, "timings": timings})
             say(_round_line(round_index, spec.federation.rounds, metrics))
-            if on_round is not None:
-                on_round(round_index, metrics)
+            if on_round is not None:  # the latest test metrics every round, so schedulers always see them
+                on_round(round_index, {**_prefixed(final, "test_"), **metrics}, checkpoint)
         final_state = ray.get(coordinator.global_state.remote())
         tracker.log_json({"initial": initial, "final": final, "rounds": spec.federation.rounds}, "final_metrics.json")
-        tracker.set_tags({"checkpoint": str(checkpoint.resolve())})
         tracker.end("FINISHED")
         return RunResult(tracker.run_id, tracker.uri, final, initial, history, worker_info, final_state, cache_status)
     except KeyboardInterrupt:
@@ -137,10 +137,51 @@ def run_federated(spec, *, progress: bool = True, on_round=None, tags: dict | No
             ray.shutdown()
 
 
+def _train_round(spec, round_index: int, coordinator, workers, home) -> dict:
+    """One round of local updates on the cohort, aggregated by the coordinator; returns its metrics."""
+    cohort = ray.get(coordinator.sample_cohort.remote(round_index))
+    state_ref = coordinator.global_state.remote()  # put once; every worker resolves the same ref
+    by_worker = defaultdict(list)
+    for cid in cohort:
+        by_worker[home[cid]].append(cid)
+    update_refs = [workers[w].train.remote(round_index, cids, state_ref, coordinator.client_states.remote(cids))
+                   for w, cids in sorted(by_worker.items())]
+    timeout = spec.resources.round_timeout_s
+    _wait(update_refs, f"round {round_index} (clients {cohort})", timeout, fetch=False)
+    summary = _wait([coordinator.aggregate.remote(round_index, *update_refs)],
+                    f"round {round_index} aggregation", timeout)[0]
+    return {"train_loss": summary["train_loss"], "bytes_up": summary["bytes_up"],
+            "bytes_down": summary["bytes_down"], "clients": len(summary["clients"]), "timings": summary["timings"]}
+
+
+def save_checkpoint(path: Path, checkpoint: dict) -> None:
+    """Written by the driver (the coordinator may sit on another node), to a temporary name then
+    renamed, so a crash mid-write leaves the previous round's checkpoint intact."""
+    import torch
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    torch.save(checkpoint, tmp)
+    tmp.replace(path)
+
+
+def load_checkpoint(path: str | Path) -> dict:
+    """A round checkpoint written by the coordinator (safe: weights_only)."""
+    import torch
+
+    try:
+        return torch.load(path, weights_only=True)
+    except FileNotFoundError:
+        raise FedvlpError(f"{path}: checkpoint not found") from None
+    except Exception as exc:
+        raise FedvlpError(f"{path}: not a readable fedvlp checkpoint ({type(exc).__name__}); expected a file "
+                          f"written by a fedvlp run") from None
+
+
 # ---------------------------------------------------------------- placement
 
-def _ensure_ray(spec) -> bool:
-    """Connect to the cluster in RAY_ADDRESS or the one already running; else start a local one."""
+def ensure_ray() -> bool:
+    """Connect to the cluster in RAY_ADDRESS, or start a private local one (no dashboard); True if started here."""
     if ray.is_initialized():
         return False
     quiet = os.environ.get("FEDVLP_RAY_LOGS") != "1"
@@ -150,7 +191,9 @@ def _ensure_ray(spec) -> bool:
     else:
         import torch
 
-        ray.init(num_cpus=os.cpu_count(), num_gpus=torch.cuda.device_count(), include_dashboard=False, **common)
+        # address="local": never attach to a stray cluster left by `ray start` on this machine
+        ray.init(address="local", num_cpus=os.cpu_count(), num_gpus=torch.cuda.device_count(),
+                 include_dashboard=False, **common)
     return True
 
 

@@ -1,0 +1,358 @@
+"""`fedvlp sweep SPACE.yaml`: a Ray Tune search over whole federated runs (DESIGN §6).
+
+Each trial is one `run_federated` call, reserving its own placement group (one bundle for the
+trial itself, one for its coordinator, one per worker), reporting and checkpointing every
+round. The sweep is one MLflow experiment with a parent run and one nested run per trial.
+`--resume` continues an interrupted sweep: finished trials are kept, unfinished ones continue
+from their last round checkpoint in their own MLflow run.
+
+A space file:
+
+    base: ../configs/quickstart.yaml        # run config, relative to the space file
+    name: heterogeneity                     # Tune experiment and MLflow experiment "sweep-<name>"
+    set: {federation.rounds: 5}             # fixed overrides (dotted keys)
+    space:                                  # dotted key -> one of grid / choice / uniform / loguniform
+      federation.heterogeneity: {grid: [0.1, 0.4, 0.7, 1.0]}
+      method.name: {grid: [promptfl, zeroshot]}
+    seeds: [0, 1, 2]
+    metric: test_mAP
+    mode: max
+    scheduler: {type: none}                 # or {type: asha, grace_period: 2, reduction_factor: 2}
+    num_samples: 1                          # samples of the random (choice/uniform) part per grid point
+    max_concurrent_trials: 2
+"""
+from __future__ import annotations
+
+import copy
+import itertools
+import json
+import math
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from fedvlp.config import build_spec, read_yaml, set_dotted
+from fedvlp.errors import ConfigError, FedvlpError
+
+SPACE_KEYS = {"base", "name", "set", "space", "seeds", "metric", "mode", "scheduler", "num_samples",
+              "max_concurrent_trials", "trial_cpus", "storage"}
+DISTRIBUTIONS = ("grid", "choice", "uniform", "loguniform")
+PARENT_FILE = "fedvlp_sweep.json"
+
+
+@dataclass(frozen=True)
+class SweepSpec:
+    path: Path
+    name: str
+    base: dict                      # the base run config with the fixed overrides applied
+    space: dict[str, tuple[str, Any]]
+    seeds: tuple[int, ...]
+    metric: str
+    mode: str
+    scheduler: dict = field(default_factory=lambda: {"type": "none"})
+    num_samples: int = 1
+    max_concurrent_trials: int = 1
+    trial_cpus: float = 0.25
+    storage: Path = Path("ray_results")
+
+    @property
+    def experiment(self) -> str:
+        return f"sweep-{self.name}"
+
+    @property
+    def swept_keys(self) -> list[str]:
+        return list(self.space)
+
+
+def _fail(path, key: str, expected: str, got=None) -> ConfigError:
+    tail = "" if got is None else f", got {got!r}"
+    return ConfigError(f"{path}: {key}: expected {expected}{tail}")
+
+
+def load_sweep(path: str | Path, overrides: list[str] | None = None) -> SweepSpec:
+    """Read and validate a space file; every grid point is checked as a run config before Ray starts."""
+    from fedvlp.config import apply_overrides
+
+    path = Path(path)
+    raw = read_yaml(path)
+    for key in raw:
+        if key not in SPACE_KEYS:
+            raise ConfigError(f"{path}: {key}: unknown key (expected one of: {', '.join(sorted(SPACE_KEYS))})")
+    for key in ("base", "space", "metric"):
+        if key not in raw:
+            raise _fail(path, key, "a value (required)")
+    base = read_yaml((path.parent / str(raw["base"])).resolve())
+    fixed = raw.get("set") or {}
+    if not isinstance(fixed, dict):
+        raise _fail(path, "set", "a mapping of dotted keys to values", fixed)
+    for key, value in fixed.items():
+        set_dotted(base, key, value)
+    apply_overrides(base, list(overrides or []))
+    # Trials run in their own working directories: pin every relative location to this one.
+    base.setdefault("tracking", {})["uri"] = _absolute_uri(base.get("tracking", {}).get("uri"))
+    base["output_dir"] = str(Path(base.get("output_dir", "fedvlp-runs")).resolve())
+    if base.get("data", {}).get("root"):
+        base["data"]["root"] = str(Path(base["data"]["root"]).expanduser().resolve())
+
+    space = {}
+    if not isinstance(raw["space"], dict) or not raw["space"]:
+        raise _fail(path, "space", "a non-empty mapping of dotted keys to distributions", raw["space"])
+    for key, dist in raw["space"].items():
+        if not isinstance(dist, dict) or len(dist) != 1 or next(iter(dist)) not in DISTRIBUTIONS:
+            raise _fail(path, f"space.{key}", f"one of {{{', '.join(d + ': ...' for d in DISTRIBUTIONS)}}}", dist)
+        kind, values = next(iter(dist.items()))
+        if kind in ("grid", "choice") and (not isinstance(values, list) or not values):
+            raise _fail(path, f"space.{key}.{kind}", "a non-empty list", values)
+        if kind in ("uniform", "loguniform"):
+            if not (isinstance(values, list) and len(values) == 2 and all(isinstance(v, (int, float)) for v in values)
+                    and values[0] < values[1] and (kind == "uniform" or values[0] > 0)):
+                raise _fail(path, f"space.{key}.{kind}", "[low, high] with low < high (and low > 0 for loguniform)",
+                            values)
+        space[key] = (kind, values)
+    seeds = raw.get("seeds", [0])
+    if not isinstance(seeds, list) or not seeds or not all(isinstance(s, int) and s >= 0 for s in seeds):
+        raise _fail(path, "seeds", "a non-empty list of non-negative integers", seeds)
+    mode = raw.get("mode", "max")
+    if mode not in ("max", "min"):
+        raise _fail(path, "mode", "max or min", mode)
+    scheduler = raw.get("scheduler") or {"type": "none"}
+    if not isinstance(scheduler, dict) or scheduler.get("type") not in ("none", "asha") or \
+            set(scheduler) - {"type", "grace_period", "reduction_factor"}:
+        raise _fail(path, "scheduler", "{type: none} or {type: asha, grace_period: N, reduction_factor: F}", scheduler)
+    for key, low in (("num_samples", 1), ("max_concurrent_trials", 1)):
+        if not isinstance(raw.get(key, 1), int) or raw.get(key, 1) < low:
+            raise _fail(path, key, f"an integer >= {low}", raw.get(key))
+    trial_cpus = raw.get("trial_cpus", 0.25)
+    if not isinstance(trial_cpus, (int, float)) or trial_cpus <= 0:
+        raise _fail(path, "trial_cpus", "a number > 0", trial_cpus)
+
+    sweep = SweepSpec(path=path, name=str(raw.get("name") or path.stem), base=base, space=space,
+                      seeds=tuple(seeds), metric=str(raw["metric"]), mode=mode, scheduler=scheduler,
+                      num_samples=raw.get("num_samples", 1), max_concurrent_trials=raw.get("max_concurrent_trials", 1),
+                      trial_cpus=float(trial_cpus), storage=Path(raw.get("storage", "ray_results")))
+    for point in _validation_points(sweep):
+        try:
+            trial_spec(sweep, point, parent_run_id="validation")
+        except ConfigError as exc:
+            raise ConfigError(f"{path}: trial {point}: {exc}") from None
+    return sweep
+
+
+def _validation_points(sweep: SweepSpec):
+    """Every grid/choice combination (range ends for uniform/loguniform), with the first seed."""
+    options = {k: (values if kind in ("grid", "choice") else list(values)) for k, (kind, values) in sweep.space.items()}
+    for combo in itertools.product(*options.values()):
+        yield {"seed": sweep.seeds[0], **dict(zip(options, combo))}
+
+
+def trial_spec(sweep: SweepSpec, config: dict, parent_run_id: str):
+    """The run spec of one trial: base config + the trial's sampled values (+ sweep tracking)."""
+    raw = copy.deepcopy(sweep.base)
+    for key, value in sorted(config.items(), key=lambda kv: kv[0] != "method.name"):  # a method switch first
+        set_dotted(raw, key, value)
+    raw["tracking"]["experiment"] = sweep.experiment
+    return build_spec(raw)
+
+
+def _absolute_uri(uri: str | None) -> str:
+    """Trials run in other working directories: a relative sqlite path must not move with them."""
+    from fedvlp.paths import default_tracking_uri
+
+    uri = uri or default_tracking_uri()
+    if uri.startswith("sqlite:///") and not uri.startswith("sqlite:////"):
+        return "sqlite:///" + str(Path(uri[len("sqlite:///"):]).resolve())
+    return uri
+
+
+# ---------------------------------------------------------------- running
+
+def _param_space(sweep: SweepSpec) -> dict:
+    from ray import tune
+
+    build = {"grid": tune.grid_search, "choice": tune.choice, "uniform": lambda v: tune.uniform(*v),
+             "loguniform": lambda v: tune.loguniform(*v)}
+    space = {key: build[kind](values) for key, (kind, values) in sweep.space.items()}
+    space["seed"] = tune.grid_search(list(sweep.seeds))
+    return space
+
+
+def _trial(config: dict, sweep: SweepSpec, parent_run_id: str) -> None:
+    """One Tune trial = one whole federated run, reporting and checkpointing every round."""
+    from ray import tune
+
+    from fedvlp.platform.engine import load_checkpoint, run_federated
+
+    spec = trial_spec(sweep, config, parent_run_id)
+    trial_id = tune.get_context().get_trial_id()
+    tags = {"mlflow.parentRunId": parent_run_id, "fedvlp.role": "trial", "sweep": sweep.name, "tune_trial_id": trial_id,
+            "seed": str(config["seed"]), **{f"swept.{k}": str(config[k]) for k in sweep.swept_keys}}
+    checkpoint = tune.get_checkpoint()
+    resume = None
+    if checkpoint is not None:
+        with checkpoint.as_directory() as directory:
+            resume = load_checkpoint(Path(directory) / "checkpoint.pt")
+    _delete_stale_attempts(spec.tracking.uri, parent_run_id, trial_id, keep=resume["run_id"] if resume else None)
+
+    def report(round_index: int, metrics: dict, checkpoint_path: Path) -> None:
+        with tempfile.TemporaryDirectory() as directory:
+            shutil.copy(checkpoint_path, Path(directory) / "checkpoint.pt")
+            tune.report({**metrics, "round": round_index, "mlflow_run_id": _run_id_of(checkpoint_path)},
+                        checkpoint=tune.Checkpoint.from_directory(directory))
+
+    run_federated(spec, progress=False, on_round=report, tags=tags, resume=resume)
+
+
+def _delete_stale_attempts(uri: str, parent_run_id: str, trial_id: str, keep: str | None) -> None:
+    """Runs of this trial from an interrupted attempt that Tune will not continue: one nested run per trial."""
+    from mlflow import MlflowClient
+
+    client = MlflowClient(tracking_uri=uri)
+    parent = client.get_run(parent_run_id)
+    stale = client.search_runs([parent.info.experiment_id],
+                               filter_string=f"tags.tune_trial_id = '{trial_id}' and "
+                                             f"tags.mlflow.parentRunId = '{parent_run_id}'")
+    for run in stale:
+        if run.info.run_id != keep:
+            client.delete_run(run.info.run_id)
+
+
+def _run_id_of(checkpoint_path: Path) -> str:
+    return Path(checkpoint_path).parent.name  # checkpoints live in <output_dir>/<run id>/
+
+
+def _trial_resources(sweep: SweepSpec):
+    from ray import tune
+
+    from fedvlp.platform.engine import run_bundles
+
+    def resources(config: dict):
+        spec = trial_spec(sweep, config, parent_run_id="resources")
+        # The trial itself stays on the head node, where the MLflow server and Tune's storage are.
+        trial_bundle = {"CPU": sweep.trial_cpus, "node:__internal_head__": 0.001}
+        return tune.PlacementGroupFactory([trial_bundle] + run_bundles(spec))
+
+    return resources
+
+
+def run_sweep(sweep: SweepSpec, resume: bool = False, progress: bool = True):
+    """Run (or resume) the sweep; returns Tune's ResultGrid."""
+    import ray
+    from mlflow import MlflowClient
+    from ray import tune
+
+    from fedvlp.platform.engine import ensure_ray
+    from fedvlp.platform.tracking import open_experiment
+
+    storage = sweep.storage.resolve()
+    experiment_dir = storage / sweep.name
+    state_file = experiment_dir / PARENT_FILE
+    uri = sweep.base["tracking"]["uri"]
+    if resume and not (state_file.exists() and tune.Tuner.can_restore(str(experiment_dir))):
+        raise FedvlpError(f"--resume: no interrupted sweep '{sweep.name}' in {experiment_dir}")
+    if not resume and experiment_dir.exists():
+        raise FedvlpError(f"{experiment_dir}: a sweep named '{sweep.name}' exists already; "
+                          f"pass --resume to continue it, or remove the folder to start over")
+
+    client, experiment_id = open_experiment(uri, sweep.experiment)
+    if resume:
+        parent_run_id = json.loads(state_file.read_text())["parent_run_id"]
+        client.update_run(parent_run_id, status="RUNNING")
+    else:
+        parent = client.create_run(experiment_id, run_name=sweep.name, tags={
+            "fedvlp.role": "sweep", "sweep": sweep.name, "swept_keys": ",".join(sweep.swept_keys),
+            "metric": sweep.metric, "mode": sweep.mode})
+        parent_run_id = parent.info.run_id
+        client.log_text(parent_run_id, sweep.path.read_text(), "space.yaml")
+        experiment_dir.mkdir(parents=True, exist_ok=True)
+        state_file.write_text(json.dumps({"parent_run_id": parent_run_id, "tracking_uri": uri}))
+
+    started_ray = ensure_ray()
+    try:
+        trainable = tune.with_resources(
+            tune.with_parameters(_trial, sweep=sweep, parent_run_id=parent_run_id), _trial_resources(sweep))
+        if resume:
+            tuner = tune.Tuner.restore(str(experiment_dir), trainable, resume_unfinished=True, resume_errored=True)
+        else:
+            tuner = tune.Tuner(trainable, param_space=_param_space(sweep), tune_config=_tune_config(sweep),
+                               run_config=tune.RunConfig(
+                                   name=sweep.name, storage_path=str(storage), verbose=0,
+                                   callbacks=[SweepProgress(sweep.metric, sweep.mode)] if progress else [],
+                                   checkpoint_config=tune.CheckpointConfig(num_to_keep=1),
+                                   failure_config=tune.FailureConfig(max_failures=0)))
+        results = tuner.fit()
+        _close_trial_runs(client, experiment_id, parent_run_id)
+        client.set_terminated(parent_run_id, "FINISHED" if not results.errors else "FAILED")
+        return results
+    except BaseException:
+        _close_trial_runs(client, experiment_id, parent_run_id, status="KILLED")
+        client.set_terminated(parent_run_id, "KILLED")
+        raise
+    finally:
+        if started_ray:
+            ray.shutdown()
+
+
+def _tune_config(sweep: SweepSpec):
+    from ray import tune
+    from ray.tune.schedulers import ASHAScheduler
+
+    scheduler = None
+    if sweep.scheduler["type"] == "asha":
+        rounds = build_spec(copy.deepcopy(sweep.base)).federation.rounds
+        scheduler = ASHAScheduler(time_attr="training_iteration", max_t=rounds,
+                                  grace_period=sweep.scheduler.get("grace_period", 1),
+                                  reduction_factor=sweep.scheduler.get("reduction_factor", 2))
+    return tune.TuneConfig(metric=sweep.metric, mode=sweep.mode, scheduler=scheduler, num_samples=sweep.num_samples,
+                           max_concurrent_trials=sweep.max_concurrent_trials)
+
+
+def _close_trial_runs(client, experiment_id: str, parent_run_id: str, status: str = "FINISHED") -> None:
+    """Trials that Tune stopped (ASHA) or that died with their process end their MLflow runs here."""
+    running = client.search_runs([experiment_id], filter_string=f"tags.mlflow.parentRunId = '{parent_run_id}' "
+                                                                "and attributes.status = 'RUNNING'")
+    for run in running:
+        client.set_tag(run.info.run_id, "stopped_early", "true")
+        client.set_terminated(run.info.run_id, status)
+
+
+class SweepProgress:
+    """One line per trial event: trials done/running/pending and the best so far."""
+
+    def __new__(cls, metric: str, mode: str):
+        from ray import tune
+
+        class _Progress(tune.Callback):
+            def __init__(self):
+                self.best = None
+
+            def _line(self, trials, finished, status: str, event: str) -> None:
+                # Tune calls back before it updates the finished trial's status
+                states = [status if t is finished else t.status for t in trials]
+                counts = {s: states.count(s) for s in ("TERMINATED", "RUNNING", "PENDING", "ERROR")}
+                best = "" if self.best is None else f"; best {metric} {self.best[0]:.4f} ({self.best[1]})"
+                print(f"sweep: {counts['TERMINATED']} done, {counts['RUNNING']} running, {counts['PENDING']} pending"
+                      + (f", {counts['ERROR']} failed" if counts["ERROR"] else "") + f"{best}  [{event}]", flush=True)
+
+            def on_trial_result(self, iteration, trials, trial, result, **info):
+                value = result.get(metric)
+                if value is not None and not math.isnan(value):
+                    better = self.best is None or (value > self.best[0] if mode == "max" else value < self.best[0])
+                    if better:
+                        self.best = (value, _describe(trial.config))
+
+            def on_trial_complete(self, iteration, trials, trial, **info):
+                self._line(trials, trial, "TERMINATED", f"{_describe(trial.config)} finished")
+
+            def on_trial_error(self, iteration, trials, trial, **info):
+                self._line(trials, trial, "ERROR", f"{_describe(trial.config)} FAILED")
+
+        return _Progress()
+
+
+def _describe(config: dict) -> str:
+    return ", ".join(f"{k.rsplit('.', 1)[-1]}={v}" for k, v in config.items())

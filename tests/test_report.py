@@ -1,0 +1,143 @@
+"""`fedvlp report` on a real sqlite MLflow store holding a small hand-made sweep with hand-checkable numbers."""
+import csv
+import math
+import time
+
+import pytest
+from mlflow import MlflowClient
+from mlflow.entities import Metric, Param
+
+from fedvlp.errors import FedvlpError
+from fedvlp.platform.report import curves_vs_key, curves_vs_round, make_report, plot_vs_key, summarise
+
+S2 = math.sqrt(2)  # sample std of two values a, b is |a - b| / sqrt(2)
+# final test_mAP per (method, heterogeneity): (seed 0, seed 1)
+FINAL = {
+    ("promptfl", 0.0): (0.60, 0.64), ("promptfl", 0.5): (0.50, 0.52), ("promptfl", 1.0): (0.40, 0.40),
+    ("fedmpt", 0.0): (0.70, 0.72), ("fedmpt", 0.5): (0.66, 0.70), ("fedmpt", 1.0): (0.60, 0.66),
+}
+# 10 clients at participation 0.5 -> 5 clients per round; bytes_up is the round's total over them
+BYTES_UP = {"promptfl": [10000, 10280, 10560], "fedmpt": [20000, 20000, 20000]}
+SECONDS = {("promptfl", 0): [1, 2, 3], ("promptfl", 1): [2, 3, 4], ("fedmpt", 0): [4, 4, 4], ("fedmpt", 1): [6, 6, 6]}
+TRAINABLE = {"promptfl": 514, "fedmpt": 1000}
+
+
+def _trial(client, exp_id, parent_id, method, h, seed, final, rounds=3, status="FINISHED", tags=()):
+    run = client.create_run(exp_id, run_name=f"{method}-h{h}-s{seed}", tags={
+        "mlflow.parentRunId": parent_id, "fedvlp.role": "trial", "method": method, "dataset": "synthetic-scenes",
+        "sweep": "sweep-heterogeneity", "seed": str(seed), "swept.federation.heterogeneity": str(h),
+        "swept.method.name": method, **dict(tags)})
+    rid = run.info.run_id
+    params = {"federation.heterogeneity": h, "federation.rounds": rounds, "federation.clients": 10,
+              "federation.participation": 0.5, "seed": seed, "method.name": method}
+    now = int(time.time() * 1000)
+    curve = [0.3, final - 0.1, final - 0.05, final][: rounds + 1]
+    curve[-1] = final
+    metrics = [Metric("test_mAP", v, now, step) for step, v in enumerate(curve)]
+    metrics += [Metric("test_CF1", v / 2, now, step) for step, v in enumerate(curve)]
+    metrics += [Metric("trainable_params", TRAINABLE[method], now, 0), Metric("startup_seconds", 7.0, now, 0)]
+    for step in range(1, rounds + 1):
+        metrics += [Metric("bytes_up", BYTES_UP[method][step - 1], now, step),
+                    Metric("bytes_down", BYTES_UP[method][step - 1], now, step),
+                    Metric("round_seconds", SECONDS.get((method, seed), [9, 9, 9])[step - 1], now, step),
+                    Metric("train_loss", 1.0 / step, now, step)]
+    client.log_batch(rid, metrics=metrics, params=[Param(k, str(v)) for k, v in params.items()])
+    client.set_terminated(rid, status)
+
+
+@pytest.fixture
+def sweep(tracking_uri):
+    client = MlflowClient(tracking_uri)
+    exp_id = client.create_experiment("sweep-heterogeneity")
+    parent = client.create_run(exp_id, run_name="sweep", tags={
+        "fedvlp.role": "sweep", "sweep": "sweep-heterogeneity", "metric": "test_mAP", "mode": "max",
+        "swept_keys": "federation.heterogeneity,method.name"}).info.run_id
+    for (method, h), finals in FINAL.items():
+        for seed, final in enumerate(finals):
+            _trial(client, exp_id, parent, method, h, seed, final)
+    # would pull promptfl @ h=0 up and fedmpt @ h=0.5 down if they were counted
+    _trial(client, exp_id, parent, "promptfl", 0.0, 2, 0.99, status="FAILED")
+    _trial(client, exp_id, parent, "fedmpt", 0.5, 2, 0.01, rounds=1, tags={"stopped_early": "true"})
+    client.set_terminated(parent, "FINISHED")
+    return client, parent
+
+
+def _csv(path):
+    with open(path) as f:
+        return list(csv.DictReader(f))
+
+
+def test_report_tables_plots_and_artifacts(sweep, tracking_uri, tmp_path):
+    client, parent = sweep
+    files = make_report(tracking_uri, "sweep-heterogeneity", tmp_path / "report")
+    assert set(files) == {"summary.csv", "summary.md", "by_method.csv", "by_method.md",
+                          "test_mAP_vs_federation.heterogeneity.png", "test_mAP_vs_round.png"}
+
+    summary = {(r["method"], float(r["federation.heterogeneity"])): r for r in _csv(files["summary.csv"])}
+    assert set(summary) == set(FINAL)
+    expected_std = {("promptfl", 0.0): 0.04 / S2, ("promptfl", 0.5): 0.02 / S2, ("promptfl", 1.0): 0.0,
+                    ("fedmpt", 0.0): 0.02 / S2, ("fedmpt", 0.5): 0.04 / S2, ("fedmpt", 1.0): 0.06 / S2}
+    for cell, (a, b) in FINAL.items():
+        assert float(summary[cell]["mean"]) == pytest.approx((a + b) / 2)
+        assert float(summary[cell]["std"]) == pytest.approx(expected_std[cell], abs=1e-12)
+        assert summary[cell]["n"] == "2"  # the FAILED and the stopped-early seed 2 are not counted
+
+    table = {r["method"]: r for r in _csv(files["by_method.csv"])}
+    # promptfl cell means 0.62, 0.51, 0.40; per-seed sweep means 0.50 and 0.52
+    assert float(table["promptfl"]["mean"]) == pytest.approx(0.51)
+    assert float(table["promptfl"]["std"]) == pytest.approx(0.02 / S2)
+    # fedmpt cell means 0.71, 0.68, 0.63; per-seed sweep means 1.96/3 and 2.08/3
+    assert float(table["fedmpt"]["mean"]) == pytest.approx(2.02 / 3)
+    assert float(table["fedmpt"]["std"]) == pytest.approx(0.12 / 3 / S2)
+    assert float(table["promptfl"]["trainable_params"]) == 514 and float(table["fedmpt"]["trainable_params"]) == 1000
+    assert float(table["promptfl"]["bytes_up_per_client_round"]) == pytest.approx(10280 / 5)
+    assert float(table["fedmpt"]["bytes_up_per_client_round"]) == pytest.approx(4000)
+    assert float(table["promptfl"]["seconds_per_round"]) == pytest.approx(2.5)
+    assert float(table["fedmpt"]["seconds_per_round"]) == pytest.approx(5.0)
+    assert table["promptfl"]["n_seeds"] == "2"
+
+    md = files["summary.md"].read_text()
+    assert "12 of 14 trials counted" in md and "1 FAILED" in md and "1 stopped early" in md
+    assert "0.6200 ± 0.0283" in md and "heterogeneity t" in md
+    by_md = files["by_method.md"].read_text()
+    assert "**0.6733 ± 0.0283**" in by_md and "2.0 KB" in by_md and "514" in by_md
+
+    for name in ("test_mAP_vs_federation.heterogeneity.png", "test_mAP_vs_round.png"):
+        data = files[name].read_bytes()
+        assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000
+
+    logged = {a.path for a in client.list_artifacts(parent, "report")}
+    assert logged == {f"report/{name}" for name in files}
+
+
+def test_round_curve_averages_sweep_then_seeds(sweep, tracking_uri):
+    from fedvlp.platform.report import collect, find_sweep
+
+    client, parent = sweep
+    exp_id, _ = find_sweep(client, "sweep-heterogeneity", tracking_uri)
+    rows = collect(client, exp_id, parent, "test_mAP", ["federation.heterogeneity"])
+    xs, mean, std = curves_vs_round(rows)["promptfl"]
+    assert xs == [0.0, 1.0, 2.0, 3.0]
+    assert mean[0] == pytest.approx(0.3) and std[0] == pytest.approx(0.0, abs=1e-12)
+    assert mean[3] == pytest.approx(0.51) and std[3] == pytest.approx(0.02 / S2)
+    assert mean[1] == pytest.approx(0.41)
+
+
+def test_categorical_swept_value_plots_as_categories(tmp_path):
+    rows = [{"method": m, "seed": str(s), "swept": {"data.missing_type": t}, "final": 0.5 + 0.1 * i + 0.01 * s,
+             "history": {}} for i, t in enumerate(["text", "image", "both"]) for m in ("a", "b") for s in (0, 1)]
+    cells = summarise(rows, ["data.missing_type"])
+    assert [c["data.missing_type"] for c in cells[:3]] == ["both", "image", "text"]
+    path = plot_vs_key(curves_vs_key(rows, "data.missing_type"), "data.missing_type", "test_accuracy",
+                       "categorical", tmp_path / "cat.png")
+    assert path.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_missing_experiment_or_parent_is_one_line_error(tracking_uri, tmp_path):
+    with pytest.raises(FedvlpError, match="'nope' not found") as err:
+        make_report(tracking_uri, "nope", tmp_path)
+    assert "\n" not in str(err.value)
+    MlflowClient(tracking_uri).create_experiment("no-parent")
+    with pytest.raises(FedvlpError, match="no sweep parent run") as err:
+        make_report(tracking_uri, "no-parent", tmp_path)
+    assert "\n" not in str(err.value)

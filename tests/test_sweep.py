@@ -1,0 +1,130 @@
+"""Sweeps: space-file validation, a real Ray Tune run tracked as one MLflow experiment, and kill + --resume."""
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+from mlflow import MlflowClient
+
+from fedvlp.errors import ConfigError
+from fedvlp.platform.sweep import load_sweep, trial_spec
+
+REPO = Path(__file__).resolve().parent.parent
+SMALL = {"federation.rounds": 2, "federation.clients": 4, "data.num_train": 800, "data.num_test": 512,
+         "method.local_epochs": 2, "resources.workers": 1, "resources.num_cpus": 0.5,
+         "resources.coordinator_cpus": 0.25}
+
+
+def write_space(tmp_path, name="t", **fields) -> Path:
+    space = {"base": str(REPO / "configs" / "quickstart.yaml"), "name": name, "set": dict(SMALL),
+             "space": {"method.name": {"grid": ["promptfl", "zeroshot"]}}, "seeds": [0], "metric": "test_mAP",
+             "mode": "max", "max_concurrent_trials": 2, "storage": str(tmp_path / "ray_results"), **fields}
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(space))
+    return path
+
+
+def test_shipped_spaces_are_valid():
+    for path in sorted((REPO / "tune_spaces").glob("*.yaml")):
+        sweep = load_sweep(path)
+        assert sweep.swept_keys and sweep.seeds and sweep.metric.startswith("test_")
+        assert len(sweep.seeds) >= 2 or path.stem == "smoke", f"{path.name}: several seeds expected"
+
+
+def test_trial_spec_applies_values_and_switches_method(tmp_path):
+    sweep = load_sweep(write_space(tmp_path, set={**SMALL, "method.lr": 0.01}))
+    promptfl = trial_spec(sweep, {"method.name": "promptfl", "seed": 3}, "p")
+    zeroshot = trial_spec(sweep, {"method.name": "zeroshot", "seed": 3}, "p")
+    assert promptfl.method.params.lr == 0.01 and promptfl.seed == 3
+    assert zeroshot.method.name == "zeroshot" and zeroshot.federation.rounds == 2
+    assert promptfl.tracking.experiment == "sweep-t" and promptfl.tracking.uri.startswith("sqlite:////")
+
+
+@pytest.mark.parametrize("fields, message", [
+    ({"bogus": 1}, r"bogus: unknown key"),
+    ({"space": {"federation.heterogeneity": {"grid": [0.1, 1.5]}}},
+     r"trial .*federation\.heterogeneity: expected a value <= 1, got 1\.5"),
+    ({"space": {"federation.nope": {"grid": [1]}}}, r"federation\.nope: unknown key"),
+    ({"space": {"method.lr": {"normal": [0, 1]}}}, r"space\.method\.lr: expected one of \{grid"),
+    ({"space": {"method.lr": {"loguniform": [0, 1]}}}, r"space\.method\.lr\.loguniform: expected \[low, high\]"),
+    ({"seeds": []}, r"seeds: expected a non-empty list"),
+    ({"mode": "maximum"}, r"mode: expected max or min"),
+    ({"scheduler": {"type": "hyperband"}}, r"scheduler: expected \{type: none\}"),
+    ({"max_concurrent_trials": 0}, r"max_concurrent_trials: expected an integer >= 1"),
+])
+def test_bad_space_files_name_the_key(tmp_path, fields, message):
+    with pytest.raises(ConfigError, match=message):
+        load_sweep(write_space(tmp_path, **fields))
+
+
+def _nested_runs(uri: str, experiment: str):
+    client = MlflowClient(uri)
+    exp = client.get_experiment_by_name(experiment)
+    runs = client.search_runs([exp.experiment_id])
+    parents = [r for r in runs if r.data.tags.get("fedvlp.role") == "sweep"]
+    trials = [r for r in runs if r.data.tags.get("fedvlp.role") == "trial"]
+    return client, parents, trials
+
+
+@pytest.mark.usefixtures("tiny_clip")
+def test_sweep_runs_trials_as_nested_mlflow_runs_and_reports(tmp_path):
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    space = write_space(tmp_path, name="nested", seeds=[0, 1],
+                        space={"federation.heterogeneity": {"grid": [0.2, 1.0]}},
+                        set={**SMALL, "tracking.uri": uri, "output_dir": str(tmp_path / "runs")})
+    proc = subprocess.run([sys.executable, "-m", "fedvlp", "sweep", str(space), "--report"], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "sweep: 4 done, 0 running, 0 pending; best test_mAP" in proc.stdout
+    client, parents, trials = _nested_runs(uri, "sweep-nested")
+    assert len(parents) == 1 and parents[0].info.status == "FINISHED"
+    assert len(trials) == 4 and {t.info.status for t in trials} == {"FINISHED"}
+    parent_id = parents[0].info.run_id
+    seen = set()
+    for trial in trials:
+        tags = trial.data.tags
+        assert tags["mlflow.parentRunId"] == parent_id and tags["sweep"] == "nested"
+        assert tags["method"] == "promptfl" and tags["dataset"] == "synthetic-scenes"
+        assert trial.data.params["federation.heterogeneity"] == tags["swept.federation.heterogeneity"]
+        seen.add((tags["swept.federation.heterogeneity"], tags["seed"]))
+        assert [m.step for m in client.get_metric_history(trial.info.run_id, "test_mAP")] == [0, 1, 2]
+    assert seen == {("0.2", "0"), ("0.2", "1"), ("1.0", "0"), ("1.0", "1")}
+    report = tmp_path / "reports" / "sweep-nested"
+    assert (report / "summary.md").exists() and (report / "test_mAP_vs_federation.heterogeneity.png").exists()
+    assert {a.path for a in client.list_artifacts(parent_id, "report")} >= {"report/summary.csv", "report/by_method.md"}
+
+
+@pytest.mark.usefixtures("tiny_clip")
+def test_killed_sweep_resumes_with_one_run_per_trial(tmp_path):
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    space = write_space(tmp_path, name="resume", seeds=[0, 1],
+                        set={**SMALL, "federation.rounds": 3, "tracking.uri": uri,
+                             "output_dir": str(tmp_path / "runs")})
+    log = open(tmp_path / "first.log", "w")
+    first = subprocess.Popen([sys.executable, "-m", "fedvlp", "sweep", str(space)], cwd=tmp_path, stdout=log,
+                             stderr=subprocess.STDOUT, start_new_session=True)
+    deadline = time.time() + 600
+    while "finished" not in (tmp_path / "first.log").read_text():
+        assert first.poll() is None and time.time() < deadline, (tmp_path / "first.log").read_text()[-2000:]
+        time.sleep(1)
+    os.killpg(first.pid, signal.SIGKILL)  # the driver dies mid-sweep, its local Ray with it
+    first.wait()
+    time.sleep(3)
+    again = subprocess.run([sys.executable, "-m", "fedvlp", "sweep", str(space), "--resume"], cwd=tmp_path,
+                           capture_output=True, text=True, timeout=900)
+    assert again.returncode == 0, again.stderr[-3000:]
+    client, parents, trials = _nested_runs(uri, "sweep-resume")
+    assert len(parents) == 1 and parents[0].info.status == "FINISHED"
+    keys = sorted((t.data.tags["swept.method.name"], t.data.tags["seed"]) for t in trials)
+    assert keys == [("promptfl", "0"), ("promptfl", "1"), ("zeroshot", "0"), ("zeroshot", "1")]  # none duplicated
+    assert {t.info.status for t in trials} == {"FINISHED"}  # none left RUNNING
+    for trial in trials:
+        steps = [m.step for m in client.get_metric_history(trial.info.run_id, "test_mAP")]
+        assert sorted(set(steps)) == [0, 1, 2, 3]
+    again_again = subprocess.run([sys.executable, "-m", "fedvlp", "sweep", str(space)], cwd=tmp_path,
+                                 capture_output=True, text=True, timeout=300)
+    assert again_again.returncode == 2 and "pass --resume" in again_again.stderr
