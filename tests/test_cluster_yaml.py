@@ -142,8 +142,8 @@ def test_setup_installs_fedvlp_from_the_mounted_repo():
 def test_header_walks_through_the_whole_path():
     header = TEXT.split("\ncluster_name:")[0]
     for step in ("ray up cluster.yaml", "ray dashboard cluster.yaml",
-                 "ray job submit --address http://127.0.0.1:8265 --working-dir . -- fedvlp sweep "
-                 "tune_spaces/heterogeneity.yaml",
+                 "ray job submit --address http://127.0.0.1:8265 -- fedvlp sweep "
+                 "~/fedvlp/tune_spaces/heterogeneity.yaml",
                  "ray attach cluster.yaml -p 5000", "-L 5000:127.0.0.1:5000", "ray down cluster.yaml",
                  "Trust model", "SSH"):
         assert step in header, step
