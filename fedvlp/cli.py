@@ -18,6 +18,10 @@ HELP = """fedvlp: federated prompt tuning of frozen vision-language models on Ra
 """
 
 
+def _add_overrides(parser: argparse.ArgumentParser, help: str) -> None:
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE", help=help)
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="fedvlp", description=HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -26,12 +30,13 @@ def _parser() -> argparse.ArgumentParser:
                               description="Run one federated experiment: a Coordinator actor and a pool of "
                                           "ClientWorker actors on Ray, logged as one MLflow run.")
     run.add_argument("config", nargs="?", help="run config YAML (default: configs/quickstart.yaml)")
-    run.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                     help="override a dotted config key, e.g. --set federation.rounds=3 (repeatable)")
+    _add_overrides(run, "override a dotted config key, e.g. --set federation.rounds=3 (repeatable)")
     run.add_argument("--resume", metavar="RUN_ID",
                      help="continue MLflow run RUN_ID from its last round checkpoint, with its own config "
                           "(CONFIG and --set are then ignored); ends identical to an uninterrupted run")
     run.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
+    run.add_argument("--list-keys", action="store_true",
+                     help="list every config key (the chosen method's included) with its type, value and meaning")
     run.add_argument("--quiet", action="store_true", help="no per-round progress lines")
 
     sweep = commands.add_parser(
@@ -40,8 +45,7 @@ def _parser() -> argparse.ArgumentParser:
                     "placement group, reporting and checkpointing every round; one MLflow experiment with a parent "
                     "run and one nested run per trial.")
     sweep.add_argument("space", help="search-space YAML, e.g. tune_spaces/smoke.yaml")
-    sweep.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                       help="override a dotted key of the base run config for every trial (repeatable)")
+    _add_overrides(sweep, "override a dotted key of the base run config for every trial (repeatable)")
     sweep.add_argument("--resume", action="store_true",
                        help="continue an interrupted sweep: finished trials are kept, unfinished ones resume "
                             "from their last round")
@@ -64,8 +68,7 @@ def _parser() -> argparse.ArgumentParser:
                     "pattern, then the mean pairwise Jensen-Shannon distance between client label distributions. "
                     "No Ray, no MLflow.")
     stats.add_argument("config", nargs="?", help="run config YAML (default: configs/quickstart.yaml)")
-    stats.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                       help="override a dotted config key (repeatable)")
+    _add_overrides(stats, "override a dotted config key (repeatable)")
     stats.add_argument("--plot", metavar="PNG", help="also save a client x class count heatmap")
 
     pretrain = commands.add_parser("pretrain", help="pretrain and cache a tiny backbone",
@@ -92,6 +95,12 @@ def _run(args) -> None:
         spec = load_spec(args.config or DEFAULT_CONFIG, args.overrides)
     if args.print_config:
         print(yaml.safe_dump(spec.to_dict(), sort_keys=False), end="")
+        return
+    if args.list_keys:
+        from fedvlp.config import describe_keys
+
+        for key, kind, value, meaning in describe_keys(spec):
+            print(f"{key:<32} {kind:<22} {value!s:<18} {meaning}")
         return
     from fedvlp.platform.engine import run_federated
 
@@ -174,6 +183,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("fedvlp: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # output piped into `head` and the like
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
     return 0
 
 

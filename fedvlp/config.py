@@ -126,6 +126,22 @@ class RunSpec:
         return flatten(self.to_dict())
 
 
+def describe_keys(spec: RunSpec) -> list[tuple[str, str, Any, str]]:
+    """(dotted key, type, value in `spec`, help) of every config key, the method's own included."""
+    def walk(obj, prefix: str):
+        hints = typing.get_type_hints(type(obj))
+        for f in dataclasses.fields(obj):
+            value = getattr(obj, f.name)
+            if isinstance(value, MethodSpec):
+                yield "method.name", "str", value.name, "the algorithm (fedvlp.methods)"
+                yield from walk(value.params, "method.")
+            elif dataclasses.is_dataclass(value):
+                yield from walk(value, f"{prefix}{f.name}.")
+            else:
+                yield f"{prefix}{f.name}", _type_name(hints[f.name]), value, f.metadata.get("help", "")
+    return list(walk(spec, ""))
+
+
 def flatten(tree: dict, prefix: str = "") -> dict[str, Any]:
     out: dict[str, Any] = {}
     for key, value in tree.items():

@@ -79,3 +79,12 @@ def test_cli_rejects_bad_input_with_one_line_and_no_ray(tmp_path):
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines() == ["fedvlp: error: federation.heterogeneity: expected a value <= 1, got 1.5"]
     assert not (tmp_path / "mlflow.db").exists()  # rejected before any tracking or cluster work
+
+
+def test_list_keys_names_every_key_with_its_meaning():
+    from fedvlp.config import describe_keys
+
+    keys = {key: (kind, value, meaning) for key, kind, value, meaning in describe_keys(load_spec(None))}
+    assert keys["method.lr"] == ("a number", 0.002, "Adam learning rate")
+    assert keys["federation.heterogeneity"][1] == 0.5 and keys["resources.num_gpus"][0] == "a number"
+    assert all(meaning for _, _, meaning in keys.values())

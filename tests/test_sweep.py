@@ -128,3 +128,20 @@ def test_killed_sweep_resumes_with_one_run_per_trial(tmp_path):
     again_again = subprocess.run([sys.executable, "-m", "fedvlp", "sweep", str(space)], cwd=tmp_path,
                                  capture_output=True, text=True, timeout=300)
     assert again_again.returncode == 2 and "pass --resume" in again_again.stderr
+
+
+@pytest.mark.usefixtures("tiny_clip")
+def test_asha_stops_weak_trials_and_leaves_no_run_running(tmp_path):
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    space = write_space(tmp_path, name="asha", seeds=[0, 1], max_concurrent_trials=1,
+                        scheduler={"type": "asha", "grace_period": 1, "reduction_factor": 2},
+                        set={**SMALL, "federation.rounds": 3, "tracking.uri": uri, "output_dir": str(tmp_path / "r")})
+    proc = subprocess.run([sys.executable, "-m", "fedvlp", "sweep", str(space)], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    client, parents, trials = _nested_runs(uri, "sweep-asha")
+    assert len(trials) == 4 and "RUNNING" not in {t.info.status for t in trials}
+    rounds = {t.info.run_id: max(m.step for m in client.get_metric_history(t.info.run_id, "test_mAP")) for t in trials}
+    stopped = [t for t in trials if t.data.tags.get("stopped_early") == "true"]
+    assert stopped and all(rounds[t.info.run_id] < 3 for t in stopped)  # ASHA cut them before the last round
+    assert any(r == 3 for r in rounds.values())
