@@ -66,3 +66,19 @@ def test_image_features_do_not_depend_on_batch_composition(tiny_clip):
     assert whole.shape == (300, 128)
     assert torch.allclose(whole.norm(dim=-1), torch.ones(300), atol=1e-5)
     assert torch.equal(backbone.encode_images(images[:256]), whole[:256])
+
+
+def test_token_features_are_the_pooled_embedding_then_projected_patches(tiny_clip):
+    import numpy as np
+
+    from fedvlp.backbones import load_clip
+
+    backbone = load_clip(load_spec(None))
+    images = np.random.default_rng(1).integers(0, 255, (5, 32, 32, 3), dtype=np.uint8)
+    tokens = backbone.encode_images(images, kind="tokens")
+    assert tokens.shape == (5, 1 + 16, 128)  # 32 px / patch 8 = 4 x 4 patches
+    assert torch.allclose(tokens[:, 0], backbone.encode_images(images), atol=1e-6)
+    assert torch.allclose(tokens.norm(dim=-1), torch.ones(5, 17), atol=1e-5)
+    assert not torch.allclose(tokens[:, 1], tokens[:, 2])  # patches differ
+    with pytest.raises(ValueError, match="kind must be one of"):
+        backbone.encode_images(images, kind="pixels")

@@ -82,7 +82,7 @@ def test_stats_command_prints_js_rising_with_t_and_plots(tmp_path):
 def test_feature_cache_keys_and_partial_entries(tmp_path):
     cache = FeatureCache(tmp_path)
     parts = {"backbone": "tiny-clip:fedvlp:abc", "dataset": "synthetic-scenes", "split": "train",
-             "images": "h1", "transform": "32x32"}
+             "images": "h1", "transform": "32x32", "kind": "global"}
     key = feature_key(**parts)
     assert cache.get(key) is None
     features = np.random.default_rng(0).standard_normal((10, 4)).astype(np.float32)

@@ -19,6 +19,7 @@ from fedvlp.errors import BackboneError
 
 TINY_CLIP = "tiny-clip"
 FEATURE_CHUNK = 256  # images per forward pass; fixed so features are placement-independent
+FEATURE_KINDS = ("global", "tokens")
 
 open_clip.add_model_config(Path(__file__).parent / "model_configs" / f"{TINY_CLIP}.json")
 
@@ -88,13 +89,31 @@ class ClipBackbone(torch.nn.Module):
         return (x - self.mean) / self.std
 
     @torch.no_grad()
-    def encode_images(self, images: np.ndarray) -> torch.Tensor:
-        """L2-normalised image embeddings [n, D], computed in fixed chunks of FEATURE_CHUNK."""
-        chunks = [
-            F.normalize(self.model.encode_image(self.preprocess(images[i : i + FEATURE_CHUNK])), dim=-1)
-            for i in range(0, len(images), FEATURE_CHUNK)
-        ]
+    def encode_images(self, images: np.ndarray, kind: str = "global") -> torch.Tensor:
+        """Frozen, L2-normalised image features, computed in fixed chunks of FEATURE_CHUNK.
+
+        kind="global": the pooled embedding [n, D]. kind="tokens": [n, 1 + M, D], the pooled
+        embedding followed by the M patch tokens, projected into the joint space like it
+        (the dense features that region-level methods match against class prompts).
+        """
+        if kind not in FEATURE_KINDS:
+            raise ValueError(f"kind must be one of {FEATURE_KINDS}, got {kind!r}")
+        chunks = [self._encode_chunk(self.preprocess(images[i : i + FEATURE_CHUNK]), kind)
+                  for i in range(0, len(images), FEATURE_CHUNK)]
         return torch.cat(chunks).float().cpu() if chunks else torch.zeros(0, self.embed_dim)
+
+    def _encode_chunk(self, pixels: torch.Tensor, kind: str) -> torch.Tensor:
+        visual = self.model.visual
+        if kind == "global":
+            return F.normalize(self.model.encode_image(pixels), dim=-1)
+        visual.output_tokens = True
+        try:
+            pooled, tokens = visual(pixels)
+        finally:
+            visual.output_tokens = False
+        if visual.proj is not None:
+            tokens = tokens @ visual.proj
+        return F.normalize(torch.cat([pooled.unsqueeze(1), tokens], dim=1), dim=-1)
 
     def tokenize(self, texts: list[str]) -> torch.Tensor:
         return self.tokenizer(texts).to(self.device)

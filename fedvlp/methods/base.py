@@ -38,6 +38,8 @@ class Method(torch.nn.Module):
     name: ClassVar[str]
     Params: ClassVar[type]
     backbone_kind: ClassVar[str] = "clip"
+    # frozen image features the method reads: "global" [B, D] or "tokens" [B, 1 + M, D] (pooled, then patches)
+    feature_kind: ClassVar[str] = "global"
     # parameter-name prefix -> server rule ("fedavg", "mean", or LOCAL); the longest prefix wins
     server_rules: ClassVar[dict[str, str]] = {"": "fedavg"}
 
@@ -52,7 +54,7 @@ class Method(torch.nn.Module):
         raise NotImplementedError
 
     def forward(self, features: torch.Tensor) -> torch.Tensor:
-        """Logits [B, C] for frozen image features [B, D]."""
+        """Logits [B, C] for frozen image features of `feature_kind`."""
         raise NotImplementedError
 
     # --- provided

@@ -82,7 +82,7 @@ def run_federated(spec, *, progress: bool = True, on_round=None, tags: dict | No
         actors = [coordinator, *workers]
         worker_info = _wait([w.ready.remote() for w in workers], "start-up of the client workers",
                             spec.resources.startup_timeout_s, "resources.startup_timeout_s")
-        home, cache_status = _attach_data(spec, data, workers, worker_info[0]["transform"], say)
+        home, cache_status = _attach_data(spec, data, workers, worker_info[0], say)
         nodes = sorted({w["node_id"] for w in worker_info})
         tracker.set_tags({**cache_status, "nodes": ",".join(nodes)})
         say(f"fedvlp: {len(workers)} workers ready on {len(nodes)} node(s); "
@@ -246,7 +246,7 @@ def _start_workers(spec, task, group, offset):
     ]
 
 
-def _frozen_features(spec, data, workers, transform: str, say) -> tuple[dict[str, np.ndarray], dict[str, str]]:
+def _frozen_features(spec, data, workers, worker: dict, say) -> tuple[dict[str, np.ndarray], dict[str, str]]:
     """Image features of both splits: from the on-disk cache, else encoded by the workers in parallel.
 
     Samples are encoded in fixed chunks, so a feature never depends on which worker computed it.
@@ -255,7 +255,7 @@ def _frozen_features(spec, data, workers, transform: str, say) -> tuple[dict[str
     out, status = {}, {}
     for name, split in (("train", data.dataset.train), ("test", data.dataset.test)):
         parts = {"backbone": backbone_id(spec), "dataset": data.dataset.name, "split": name,
-                 "images": split.images.cache_key(), "transform": transform}
+                 "images": split.images.cache_key(), "transform": worker["transform"], "kind": worker["feature_kind"]}
         key = feature_key(**parts)
         features = cache.get(key) if cache is not None else None
         status[f"feature_cache.{name}"] = "off" if cache is None else ("hit" if features is not None else "miss")
@@ -273,9 +273,9 @@ def _frozen_features(spec, data, workers, transform: str, say) -> tuple[dict[str
     return out, status
 
 
-def _attach_data(spec, data, workers, transform: str, say) -> tuple[dict[int, int], dict[str, str]]:
+def _attach_data(spec, data, workers, worker: dict, say) -> tuple[dict[int, int], dict[str, str]]:
     """Give every worker its clients' features and labels; client k lives on worker k mod P (its home)."""
-    features, cache_status = _frozen_features(spec, data, workers, transform, say)
+    features, cache_status = _frozen_features(spec, data, workers, worker, say)
     num_workers = len(workers)
     home = {cid: cid % num_workers for cid in range(len(data.parts))}
     train_ref, labels_ref, test_ref = ray.put(features["train"]), ray.put(data.train_labels), ray.put(features["test"])

@@ -41,12 +41,12 @@ class ClientWorker:
     def ready(self) -> dict:
         return {"index": self.index, "pid": os.getpid(), "node_id": ray.get_runtime_context().get_node_id(),
                 "gpu_ids": [str(g) for g in ray.get_gpu_ids()], "device": str(self.device),
-                "transform": self.backbone.transform_id}
+                "transform": self.backbone.transform_id, "feature_kind": self.method.feature_kind}
 
     def encode(self, images, ranges: list[tuple[int, int]]) -> list[tuple[int, np.ndarray]]:
         """Frozen image features (float16) of the sample ranges this worker was given."""
-        size = self.backbone.image_size[0]
-        return [(start, self.backbone.encode_images(images.load(range(start, end), size)).numpy().astype(np.float16))
+        size, kind = self.backbone.image_size[0], self.method.feature_kind
+        return [(start, self.backbone.encode_images(images.load(range(start, end), size), kind).numpy().astype(np.float16))
                 for start, end in ranges]
 
     def attach(self, train_features: np.ndarray, train_labels: np.ndarray, client_indices: dict[int, np.ndarray],
