@@ -154,3 +154,19 @@ def test_an_interrupted_run_resumes_bitwise_in_the_same_mlflow_run(ray_cluster, 
     assert all(torch.equal(resumed.final_state[k], whole.final_state[k]) for k in whole.final_state)
     assert client.get_run(resumed.run_id).info.status == "FINISHED"
     assert [m.step for m in client.get_metric_history(resumed.run_id, "test_mAP")] == [0, 1, 2, 3]
+
+
+def test_fedmpt_runs_federated_on_cached_token_features(ray_cluster, tracking_uri, tmp_path, monkeypatch):
+    monkeypatch.setenv("FEDVLP_FEATURE_CACHE", str(tmp_path / "features"))
+    from fedvlp.config import load_spec
+
+    spec = load_spec("configs/fedmpt_scenes.yaml", [
+        "data.num_train=600", "data.num_test=256", "federation.clients=4", "federation.rounds=2",
+        "method.local_epochs=2", f"tracking.uri={tracking_uri}", f"output_dir={tmp_path / 'runs'}"])
+    result = run_federated(spec, progress=False)
+    assert result.final["mAP"] > result.initial["mAP"]
+    cached = list((tmp_path / "features").glob("*.npy"))
+    assert len(cached) == 2 and all(__import__("numpy").load(p, mmap_mode="r").shape[1:] == (17, 128) for p in cached)
+    client, run = _only_run(tracking_uri)
+    trainable = client.get_metric_history(run.info.run_id, "trainable_params")[0].value
+    assert run.data.metrics["bytes_up"] == 4 * trainable * 4  # every trainable float goes up, per client

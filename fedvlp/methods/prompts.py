@@ -44,3 +44,68 @@ class PromptTemplate(torch.nn.Module):
             context = context.unsqueeze(0).expand(classes, -1, -1)
         embeddings = torch.cat([self.prefix, context, self.suffix], dim=1)
         return F.normalize(self.backbone.encode_token_embeddings(embeddings, self.eot), dim=-1)
+
+
+class ConditionPromptTemplate(torch.nn.Module):
+    """FedMPT's condition prompts: [SOS][cond ctx x Bc][COND words][class ctx x Bk][CLASS words][.][EOS].
+
+    One prompt per (condition n, class c). The condition-level context is separate for each
+    condition; the class-level context is shared by all prompts. The frozen word embeddings
+    and the slot positions are laid out once, so `encode` is one gather-and-add and a single
+    text-encoder pass over all N x C prompts. `conditions=()` gives plain class prompts
+    [SOS][class ctx][CLASS][.][EOS] (N = 1), the "no condition prompts" ablation.
+    """
+
+    def __init__(self, backbone, conditions, class_names, n_cond_ctx: int, n_cls_ctx: int):
+        super().__init__()
+        object.__setattr__(self, "backbone", backbone)
+        words = lambda text: _word_tokens(backbone, text)  # noqa: E731
+        sos, eos = backbone.tokenize([""])[0, :2]
+        groups = [words(c) for c in conditions] or [torch.zeros(0, dtype=torch.long)]
+        n_cond = n_cond_ctx if conditions else 0
+        classes = [words(f"{name}.") for name in class_names]
+        length = 1 + n_cond + max(len(g) for g in groups) + n_cls_ctx + max(len(c) for c in classes) + 1
+        tokens = torch.zeros(len(groups), len(classes), length, dtype=torch.long)
+        cond_slot = torch.full((len(groups), length), n_cond)  # index n_cond = "no slot here"
+        cls_slot = torch.full((len(groups), length), n_cls_ctx)
+        eot = torch.zeros(len(groups), len(classes), dtype=torch.long)
+        for n, group in enumerate(groups):
+            cls_start = 1 + n_cond + len(group)
+            cond_slot[n, 1 : 1 + n_cond] = torch.arange(n_cond)
+            cls_slot[n, cls_start : cls_start + n_cls_ctx] = torch.arange(n_cls_ctx)
+            for c, name in enumerate(classes):
+                end = cls_start + n_cls_ctx + len(name)
+                tokens[n, c, 0], tokens[n, c, end] = sos, eos
+                tokens[n, c, 1 + n_cond : cls_start] = group
+                tokens[n, c, cls_start + n_cls_ctx : end] = name
+                eot[n, c] = end
+        with torch.no_grad():
+            embeddings = backbone.embed_tokens(tokens.to(backbone.device)).cpu()
+        slots = (cond_slot < n_cond).unsqueeze(1) | (cls_slot < n_cls_ctx).unsqueeze(1)
+        self.register_buffer("frozen", embeddings * ~slots.unsqueeze(-1), persistent=False)
+        self.register_buffer("cond_slot", cond_slot, persistent=False)
+        self.register_buffer("cls_slot", cls_slot, persistent=False)
+        self.register_buffer("eot", eot, persistent=False)
+        self.n_cond_ctx, self.n_cls_ctx = n_cond, n_cls_ctx
+
+    @property
+    def num_conditions(self) -> int:
+        return self.frozen.shape[0]
+
+    def encode(self, cond_ctx: torch.Tensor | None, cls_ctx: torch.Tensor) -> torch.Tensor:
+        """L2-normalised text features [N, C, D] for cond_ctx [N, Bc, width] and cls_ctx [Bk, width]."""
+        groups, classes, length, width = self.frozen.shape
+        pad = cls_ctx.new_zeros(1, width)
+        x = self.frozen + torch.cat([cls_ctx, pad])[self.cls_slot].unsqueeze(1)
+        if cond_ctx is not None and self.n_cond_ctx:
+            padded = torch.cat([cond_ctx, pad.expand(groups, 1, width)], dim=1)  # [N, Bc + 1, width]
+            x = x + torch.gather(padded, 1, self.cond_slot.unsqueeze(-1).expand(-1, -1, width)).unsqueeze(1)
+        features = self.backbone.encode_token_embeddings(x.reshape(groups * classes, length, width),
+                                                         self.eot.reshape(-1))
+        return F.normalize(features, dim=-1).reshape(groups, classes, -1)
+
+
+def _word_tokens(backbone, text: str) -> torch.Tensor:
+    """BPE token ids of `text` without the start and end tokens."""
+    tokens = backbone.tokenize([text])[0].cpu()
+    return tokens[1 : int(tokens.argmax())]

@@ -1,0 +1,162 @@
+"""FedMPT: federated multi-label prompt tuning with conditions, adapters, optimal transport and a gate.
+
+Implements the paper (CVPR 2026; summary in shared/papers), not its released code, which lacks
+the OT, the adapters and the learned gate. For an image with frozen token features f_v(v_m)
+(the regions are CLIP's pooled token and its M patch tokens, all projected into the joint space;
+ViT patch tokens alone align poorly with text, the pooled one anchors the transport):
+
+1. Condition prompts. N conditions (spatial layout, object pose, ...) fill the [COND] slot of
+   [cond ctx x Bc][COND][class ctx x Bk][CLASS]; the condition context is separate per
+   condition, the class context shared. One text pass gives t[n, c].
+2. Adapters. Per condition a low-rank adapter on the frozen patch features,
+   f_n(v_m) = f_v(v_m) + W_up,n W_down,n f_v(v_m) (rank D_s; W_up starts at zero, so training
+   starts from CLIP's own features). The adapters act on features, not on a layer of the
+   backbone, which is why this is a plain module and not a peft wrapper.
+3. Optimal transport. S^n_mc = cos(f_n(v_m), t[n, c]); row marginal a_m = softmax_m(s max_c S_mc / tau)
+   on CLIP's scaled similarity (s = CLIP's logit scale, so tau = 4 is not a flat softmax),
+   column marginal uniform; P* = entropic Sinkhorn (epsilon = lambda) on cost 1 - S;
+   psi_n,c = sum_m P*_mc S_mc, rescaled by C (each column carries mass 1/C).
+4. Gate. A low-rank router Omega on the pooled image feature gives w = softmax(Omega(f_v(v)));
+   the prediction is sum_n w_n * logit_n, with logit_n = s * psi_n + b (learned scale and bias).
+5. Loss: asymmetric loss, unknown labels ignored. Server: FedAvg of everything trainable.
+
+Ablation switches (the rows of the paper's Table 4): `cps` (off: plain class prompts shared by
+all conditions), `adapters` (off: raw patch features), `ot` (off: DualCoOp region aggregation,
+softmax over patches), `gate` (off: mean over conditions).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from fedvlp.config import spec_field
+from fedvlp.errors import ConfigError
+from fedvlp.methods.base import ClientData, Method, minibatches
+from fedvlp.methods.numerics import asymmetric_loss, ot_region_scores, region_aggregate
+from fedvlp.methods.prompts import ConditionPromptTemplate, PromptTemplate
+from fedvlp.methods.registry import register
+
+OT_TOLERANCE = 1e-4  # float32 marginals cannot get closer than ~1e-6 summed; stop well before that floor
+PAPER_CONDITIONS = ("spatial layout", "object pose", "background", "lighting", "object scale")
+
+
+@dataclass(frozen=True)
+class FedMPTParams:
+    conditions: tuple[str, ...] = spec_field(PAPER_CONDITIONS, "the N conditions filled into [COND]")
+    conditions_file: str | None = spec_field(None, "text file with one condition per line (replaces `conditions`)")
+    n_cond_ctx: int = spec_field(4, "beta_cond: learned tokens per condition", ge=1)
+    n_cls_ctx: int = spec_field(4, "beta_cls: learned class-level tokens shared by all prompts", ge=1)
+    cls_ctx_init: str = spec_field("a photo of a", "words the class context starts from ('' = random)")
+    adapter_rank: int = spec_field(32, "D_s: rank of each condition's adapter and of the gate", ge=1)
+    tau: float = spec_field(4.0, "temperature of the OT row marginal (patch importance)", gt=0)
+    ot_epsilon: float = spec_field(0.2, "lambda: entropic regularisation of the Sinkhorn plan", gt=0)
+    ot_iters: int = spec_field(100, "Sinkhorn iterations at most (it stops early at convergence)", ge=1)
+    region_temperature: float = spec_field(0.05, "softmax temperature over patches when ot is off", gt=0)
+    cps: bool = spec_field(True, "ablation: condition prompts")
+    adapters: bool = spec_field(True, "ablation: per-condition adapters")
+    ot: bool = spec_field(True, "ablation: optimal transport (off: region aggregation)")
+    gate: bool = spec_field(True, "ablation: learned gate (off: mean over conditions)")
+    gamma_neg: float = spec_field(2.0, "ASL focusing of negatives", ge=0)
+    gamma_pos: float = spec_field(1.0, "ASL focusing of positives", ge=0)
+    clip: float = spec_field(0.05, "ASL probability shift of negatives", ge=0, lt=1)
+    init_bias: float = spec_field(-5.0, "starting bias of the logits")
+    lr: float = spec_field(1e-3, "SGD learning rate (paper: 1e-3)", gt=0)
+    momentum: float = spec_field(0.9, "SGD momentum", ge=0, lt=1)
+    weight_decay: float = spec_field(1e-5, "SGD weight decay", ge=0)
+    batch_size: int = spec_field(32, "local batch size", ge=1)
+    local_epochs: int = spec_field(1, "local epochs per round (paper: 1)", ge=1)
+
+    def __post_init__(self):
+        if self.conditions_file is not None:
+            path = Path(self.conditions_file).expanduser()
+            try:
+                lines = [line.strip() for line in path.read_text().splitlines() if line.strip()]
+            except OSError:
+                raise ConfigError(f"method.conditions_file: cannot read {path}; expected a text file, "
+                                  f"one condition per line") from None
+            if not lines:
+                raise ConfigError(f"method.conditions_file: {path} holds no condition")
+            object.__setattr__(self, "conditions", tuple(lines))
+        if not self.conditions:
+            raise ConfigError("method.conditions: expected at least one condition")
+
+
+class LowRank(torch.nn.Module):
+    """x -> W_up W_down x for N independent heads at once: down [N, D, r], up [N, r, out]."""
+
+    def __init__(self, heads: int, dim: int, rank: int, out: int, generator):
+        super().__init__()
+        self.down = torch.nn.Parameter(torch.randn(heads, dim, rank, generator=generator) / math.sqrt(dim))
+        self.up = torch.nn.Parameter(torch.zeros(heads, rank, out))  # zero: training starts from identity
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x [B, M, D] -> [B, N, M, out]."""
+        return torch.einsum("bmd,ndr,nro->bnmo", x, self.down, self.up)
+
+
+@register
+class FedMPT(Method):
+    name = "fedmpt"
+    Params = FedMPTParams
+    feature_kind = "tokens"
+
+    def __init__(self, params: FedMPTParams, backbone, task, generator=None):
+        super().__init__(params, backbone, task)
+        num = len(params.conditions)
+        width, dim = backbone.token_width, backbone.embed_dim
+        self.template = ConditionPromptTemplate(backbone, params.conditions if params.cps else (),
+                                                task.class_names, params.n_cond_ctx, params.n_cls_ctx)
+        if params.cps:
+            self.cond_ctx = torch.nn.Parameter(torch.randn(num, params.n_cond_ctx, width, generator=generator) * 0.02)
+        self.cls_ctx = torch.nn.Parameter(
+            PromptTemplate(backbone, task.class_names[:1], params.n_cls_ctx).init_context(params.cls_ctx_init, generator))
+        if params.adapters:
+            self.adapter = LowRank(num, dim, params.adapter_rank, dim, generator)
+        if params.gate:
+            self.router = LowRank(1, dim, params.adapter_rank, num, generator)
+        self.log_scale = torch.nn.Parameter(torch.tensor(math.log(backbone.logit_scale)))
+        self.bias = torch.nn.Parameter(torch.tensor(params.init_bias))
+        self.num_conditions = num
+
+    def condition_logits(self, features: torch.Tensor) -> torch.Tensor:
+        """Per-condition logits [B, N, C] from frozen token features [B, 1 + M, D]."""
+        p = self.params
+        patches = features  # the pooled token and the M patches are the regions (see module docstring)
+        text = self.template.encode(self.cond_ctx if p.cps else None, self.cls_ctx)  # [N or 1, C, D]
+        text = text.expand(self.num_conditions, -1, -1)
+        views = patches.unsqueeze(1) + self.adapter(patches) if p.adapters else patches.unsqueeze(1)
+        views = F.normalize(views, dim=-1)  # [B, N or 1, M, D]
+        similarity = torch.einsum("bnmd,ncd->bnmc", views.expand(-1, self.num_conditions, -1, -1), text)
+        if p.ot:
+            # tau applies to CLIP-scaled similarities (scale x cos), the scale CLIP scores live on
+            tau = p.tau / self.backbone.logit_scale
+            scores = ot_region_scores(similarity, tau, epsilon=p.ot_epsilon, max_iter=p.ot_iters,
+                                      tol=OT_TOLERANCE) * text.shape[1]
+        else:
+            scores = region_aggregate(similarity.transpose(-1, -2), p.region_temperature)
+        return self.log_scale.exp() * scores + self.bias
+
+    def forward(self, features: torch.Tensor) -> torch.Tensor:
+        logits = self.condition_logits(features)
+        if not self.params.gate:
+            return logits.mean(1)
+        weights = torch.softmax(self.router(features[:, :1]).squeeze(1).squeeze(1), dim=-1)  # [B, N]
+        return torch.einsum("bn,bnc->bc", weights, logits)
+
+    def local_update(self, data: ClientData, generator: torch.Generator) -> dict[str, float]:
+        p = self.params
+        self.train()
+        optimizer = torch.optim.SGD(self.parameters(), lr=p.lr, momentum=p.momentum, weight_decay=p.weight_decay)
+        losses = []
+        for batch in minibatches(len(data), p.batch_size, p.local_epochs, generator):
+            loss = asymmetric_loss(self(data.features[batch]), data.labels[batch], p.gamma_neg, p.gamma_pos,
+                                   p.clip) / len(batch)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+            losses.append(loss.item())
+        return {"loss": sum(losses) / max(1, len(losses)), "steps": len(losses)}

@@ -1,0 +1,105 @@
+"""FedMPT: condition prompts, adapters, OT, gate; what trains, what is frozen, and the ablation rows."""
+import numpy as np
+import pytest
+import torch
+
+from fedvlp.config import load_spec
+from fedvlp.errors import ConfigError
+from fedvlp.methods.base import ClientData, Task
+from fedvlp.platform.metrics import mean_average_precision
+
+pytestmark = pytest.mark.usefixtures("tiny_clip")
+
+
+@pytest.fixture(scope="module")
+def world():
+    from fedvlp.backbones import load_clip
+    from fedvlp.data.scenes import generate_scenes
+
+    backbone = load_clip(load_spec(None))
+    train, test = generate_scenes(600, "train", 0), generate_scenes(400, "test", 0)
+    return {"backbone": backbone, "task": Task(tuple(train.class_names)),
+            "train": ClientData(backbone.encode_images(train.images, "tokens"),
+                                torch.from_numpy(train.labels.astype(np.float32))),
+            "test": (backbone.encode_images(test.images, "tokens"), test.labels)}
+
+
+def build(world, *overrides):
+    from fedvlp.platform.worker import build_method
+
+    return build_method(load_spec("configs/fedmpt_scenes.yaml", list(overrides)), world["backbone"], world["task"])
+
+
+def test_condition_prompts_with_word_context_equal_the_plain_text_encoder(world):
+    from fedvlp.methods.prompts import ConditionPromptTemplate
+
+    backbone = world["backbone"]
+    names, conditions = ["red circle", "blue cross", "green diamond"], ["spatial layout", "object pose"]
+    template = ConditionPromptTemplate(backbone, conditions, names, 4, 4)
+    words = lambda text: backbone.embed_tokens(backbone.tokenize([text])[0][1:5]).detach()  # noqa: E731
+    features = template.encode(torch.stack([words("the photo is a")] * 2), words("a photo of a"))
+    plain = backbone.encode_texts([f"the photo is a {c} a photo of a {n}." for c in conditions for n in names])
+    assert features.shape == (2, 3, 128)
+    assert torch.allclose(features.reshape(6, -1), plain, atol=1e-5)
+
+
+def test_gradients_reach_exactly_the_trainable_parameters(world):
+    method = build(world)
+    features, labels = world["train"].features[:16], world["train"].labels[:16]
+    method.local_update(ClientData(features, labels), torch.Generator().manual_seed(0))  # moves the zero-init ups
+    method.zero_grad(set_to_none=True)
+    loss = method.default_loss(method(features), labels)
+    loss.backward()
+    trainable = {n for n, p in method.named_parameters() if p.requires_grad}
+    assert trainable == {"cond_ctx", "cls_ctx", "adapter.down", "adapter.up", "router.down", "router.up",
+                         "log_scale", "bias"}
+    for name, param in method.named_parameters():
+        assert param.grad is not None and param.grad.abs().sum() > 0, name
+    assert all(p.grad is None and not p.requires_grad for p in world["backbone"].parameters())
+    assert set(method.global_state()) == trainable and method.local_state() == {}  # all of it is FedAvg'd
+
+
+@pytest.mark.parametrize("row, switches, parameters", [
+    ("adapters only", ["cps=false", "ot=false", "gate=false"], {"cls_ctx", "adapter.down", "adapter.up"}),
+    ("CPs only", ["adapters=false", "ot=false", "gate=false"], {"cond_ctx", "cls_ctx"}),
+    ("CPs + adapters", ["ot=false", "gate=false"], {"cond_ctx", "cls_ctx", "adapter.down", "adapter.up"}),
+    ("+ OT", ["gate=false"], {"cond_ctx", "cls_ctx", "adapter.down", "adapter.up"}),
+    ("full", [], {"cond_ctx", "cls_ctx", "adapter.down", "adapter.up", "router.down", "router.up"}),
+])
+def test_ablation_switches_express_the_rows_of_table_4(world, row, switches, parameters):
+    method = build(world, *(f"method.{s}" for s in switches))
+    assert {n for n, _ in method.named_parameters()} == parameters | {"log_scale", "bias"}, row
+    logits = method(world["test"][0][:8])
+    assert logits.shape == (8, 20) and torch.isfinite(logits).all()
+
+
+def test_fedmpt_learns_beyond_its_starting_point_deterministically(world):
+    features, labels = world["test"]
+    runs = []
+    for _ in range(2):
+        method = build(world)
+        before = mean_average_precision(method.score(features).numpy(), labels)
+        method.local_update(world["train"], torch.Generator().manual_seed(0))
+        runs.append((before, mean_average_precision(method.score(features).numpy(), labels), method.global_state()))
+    (before, after, state), (_, after_again, state_again) = runs
+    assert after > before + 0.05
+    assert after == after_again and all(torch.equal(state[k], state_again[k]) for k in state)
+
+
+def test_conditions_come_inline_or_from_a_file(tmp_path):
+    path = tmp_path / "conditions.txt"
+    path.write_text("indoor scene\n\nwooden texture\n")
+    spec = load_spec("configs/fedmpt_scenes.yaml", [f"method.conditions_file={path}"])
+    assert spec.method.params.conditions == ("indoor scene", "wooden texture")
+    with pytest.raises(ConfigError, match=r"method\.conditions_file: cannot read"):
+        load_spec("configs/fedmpt_scenes.yaml", [f"method.conditions_file={tmp_path / 'nope.txt'}"])
+    with pytest.raises(ConfigError, match=r"method\.conditions: expected at least one condition"):
+        load_spec("configs/fedmpt_scenes.yaml", ["method.conditions=[]"])
+
+
+@pytest.mark.parametrize("dataset", ["voc2007", "coco2014", "nuswide"])
+def test_paper_configs_load(dataset, tmp_path):
+    spec = load_spec(f"configs/fedmpt_{dataset}.yaml", [f"data.root={tmp_path}"])
+    p = spec.method.params
+    assert (p.ot_epsilon, p.tau, p.n_cond_ctx, p.n_cls_ctx, p.adapter_rank, p.lr) == (0.2, 4.0, 4, 4, 32, 1e-3)
+    assert spec.backbone.name == "ViT-B-16" and spec.backbone.pretrained == "openai"
