@@ -145,3 +145,14 @@ def test_asha_stops_weak_trials_and_leaves_no_run_running(tmp_path):
     stopped = [t for t in trials if t.data.tags.get("stopped_early") == "true"]
     assert stopped and all(rounds[t.info.run_id] < 3 for t in stopped)  # ASHA cut them before the last round
     assert any(r == 3 for r in rounds.values())
+
+
+def test_named_variants_are_swept_as_one_key(tmp_path):
+    sweep = load_sweep(write_space(tmp_path, space={}, variants={"slow": {"method.lr": 0.0001}, "plain": None}))
+    assert sweep.swept_keys == ["variant"] and sorted(sweep.space["variant"][1]) == ["plain", "slow"]
+    assert trial_spec(sweep, {"variant": "slow", "seed": 0}, "p").method.params.lr == 0.0001
+    assert trial_spec(sweep, {"variant": "plain", "seed": 0}, "p").method.params.lr == 0.002
+    with pytest.raises(ConfigError, match=r"trial .*method\.lr: expected a value > 0"):
+        load_sweep(write_space(tmp_path, space={}, variants={"bad": {"method.lr": -1}}))
+    with pytest.raises(ConfigError, match=r"variants: expected a mapping of names"):
+        load_sweep(write_space(tmp_path, variants=["a", "b"]))

@@ -14,6 +14,9 @@ A space file:
     space:                                  # dotted key -> one of grid / choice / uniform / loguniform
       federation.heterogeneity: {grid: [0.1, 0.4, 0.7, 1.0]}
       method.name: {grid: [promptfl, zeroshot]}
+    variants:                               # optional: named sets of overrides, swept as a grid ("variant")
+      full: {}
+      no_gate: {method.gate: false}
     seeds: [0, 1, 2]
     metric: test_mAP
     mode: max
@@ -39,8 +42,9 @@ import yaml
 from fedvlp.config import build_spec, read_yaml, set_dotted
 from fedvlp.errors import ConfigError, FedvlpError
 
-SPACE_KEYS = {"base", "name", "set", "space", "seeds", "metric", "mode", "scheduler", "num_samples",
+SPACE_KEYS = {"base", "name", "set", "space", "variants", "seeds", "metric", "mode", "scheduler", "num_samples",
               "max_concurrent_trials", "trial_cpus", "storage"}
+VARIANT_KEY = "variant"
 DISTRIBUTIONS = ("grid", "choice", "uniform", "loguniform")
 PARENT_FILE = "fedvlp_sweep.json"
 
@@ -59,6 +63,7 @@ class SweepSpec:
     max_concurrent_trials: int = 1
     trial_cpus: float = 0.25
     storage: Path = Path("ray_results")
+    variants: dict[str, dict] = field(default_factory=dict)
 
     @property
     def experiment(self) -> str:
@@ -100,9 +105,15 @@ def load_sweep(path: str | Path, overrides: list[str] | None = None) -> SweepSpe
         base["data"]["root"] = str(Path(base["data"]["root"]).expanduser().resolve())
 
     space = {}
-    if not isinstance(raw["space"], dict) or not raw["space"]:
+    variants = raw.get("variants")
+    if variants is not None:
+        if not isinstance(variants, dict) or not variants or \
+                not all(isinstance(v, dict) or v is None for v in variants.values()):
+            raise _fail(path, "variants", "a mapping of names to mappings of dotted keys to values", variants)
+        space[VARIANT_KEY] = ("grid", list(variants))
+    if not isinstance(raw["space"], dict) or (not raw["space"] and variants is None):
         raise _fail(path, "space", "a non-empty mapping of dotted keys to distributions", raw["space"])
-    for key, dist in raw["space"].items():
+    for key, dist in (raw["space"] or {}).items():
         if not isinstance(dist, dict) or len(dist) != 1 or next(iter(dist)) not in DISTRIBUTIONS:
             raise _fail(path, f"space.{key}", f"one of {{{', '.join(d + ': ...' for d in DISTRIBUTIONS)}}}", dist)
         kind, values = next(iter(dist.items()))
@@ -132,6 +143,7 @@ def load_sweep(path: str | Path, overrides: list[str] | None = None) -> SweepSpe
         raise _fail(path, "trial_cpus", "a number > 0", trial_cpus)
 
     sweep = SweepSpec(path=path, name=str(raw.get("name") or path.stem), base=base, space=space,
+                      variants={name: dict(v or {}) for name, v in (variants or {}).items()},
                       seeds=tuple(seeds), metric=str(raw["metric"]), mode=mode, scheduler=scheduler,
                       num_samples=raw.get("num_samples", 1), max_concurrent_trials=raw.get("max_concurrent_trials", 1),
                       trial_cpus=float(trial_cpus), storage=Path(raw.get("storage", "ray_results")))
@@ -153,7 +165,9 @@ def _validation_points(sweep: SweepSpec):
 def trial_spec(sweep: SweepSpec, config: dict, parent_run_id: str):
     """The run spec of one trial: base config + the trial's sampled values (+ sweep tracking)."""
     raw = copy.deepcopy(sweep.base)
-    for key, value in sorted(config.items(), key=lambda kv: kv[0] != "method.name"):  # a method switch first
+    values = dict(config)
+    values.update(sweep.variants.get(values.pop(VARIANT_KEY, None), {}))
+    for key, value in sorted(values.items(), key=lambda kv: kv[0] != "method.name"):  # a method switch first
         set_dotted(raw, key, value)
     raw["tracking"]["experiment"] = sweep.experiment
     return build_spec(raw)
