@@ -156,3 +156,14 @@ def test_named_variants_are_swept_as_one_key(tmp_path):
         load_sweep(write_space(tmp_path, space={}, variants={"bad": {"method.lr": -1}}))
     with pytest.raises(ConfigError, match=r"variants: expected a mapping of names"):
         load_sweep(write_space(tmp_path, variants=["a", "b"]))
+
+
+def test_method_settings_apply_to_their_method_only(tmp_path):
+    sweep = load_sweep(write_space(tmp_path, space={"method.name": {"grid": ["promptfl", "fedmpt"]}},
+                                   method_settings={"fedmpt": {"method.lr": 0.02, "method.local_epochs": 5}}))
+    fedmpt = trial_spec(sweep, {"method.name": "fedmpt", "seed": 0}, "p").method.params
+    promptfl = trial_spec(sweep, {"method.name": "promptfl", "seed": 0}, "p").method.params
+    assert (fedmpt.lr, fedmpt.local_epochs) == (0.02, 5) and (promptfl.lr, promptfl.local_epochs) == (0.002, 2)
+    with pytest.raises(ConfigError, match=r"trial .*method\.bogus: unknown key"):
+        load_sweep(write_space(tmp_path, space={"method.name": {"grid": ["fedmpt"]}},
+                               method_settings={"fedmpt": {"method.bogus": 1}}))

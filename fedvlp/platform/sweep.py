@@ -17,6 +17,8 @@ A space file:
     variants:                               # optional: named sets of overrides, swept as a grid ("variant")
       full: {}
       no_gate: {method.gate: false}
+    method_settings:                        # optional: overrides applied whenever a trial runs that method
+      fedmpt: {method.lr: 0.02, method.local_epochs: 5}
     seeds: [0, 1, 2]
     metric: test_mAP
     mode: max
@@ -42,7 +44,7 @@ import yaml
 from fedvlp.config import build_spec, read_yaml, set_dotted
 from fedvlp.errors import ConfigError, FedvlpError
 
-SPACE_KEYS = {"base", "name", "set", "space", "variants", "seeds", "metric", "mode", "scheduler", "num_samples",
+SPACE_KEYS = {"base", "name", "set", "space", "variants", "method_settings", "seeds", "metric", "mode", "scheduler", "num_samples",
               "max_concurrent_trials", "trial_cpus", "storage"}
 VARIANT_KEY = "variant"
 DISTRIBUTIONS = ("grid", "choice", "uniform", "loguniform")
@@ -64,6 +66,7 @@ class SweepSpec:
     trial_cpus: float = 0.25
     storage: Path = Path("ray_results")
     variants: dict[str, dict] = field(default_factory=dict)
+    method_settings: dict[str, dict] = field(default_factory=dict)
 
     @property
     def experiment(self) -> str:
@@ -105,6 +108,10 @@ def load_sweep(path: str | Path, overrides: list[str] | None = None) -> SweepSpe
         base["data"]["root"] = str(Path(base["data"]["root"]).expanduser().resolve())
 
     space = {}
+    method_settings = raw.get("method_settings") or {}
+    if not isinstance(method_settings, dict) or not all(isinstance(v, dict) for v in method_settings.values()):
+        raise _fail(path, "method_settings", "a mapping of method names to mappings of dotted keys to values",
+                    method_settings)
     variants = raw.get("variants")
     if variants is not None:
         if not isinstance(variants, dict) or not variants or \
@@ -144,6 +151,7 @@ def load_sweep(path: str | Path, overrides: list[str] | None = None) -> SweepSpe
 
     sweep = SweepSpec(path=path, name=str(raw.get("name") or path.stem), base=base, space=space,
                       variants={name: dict(v or {}) for name, v in (variants or {}).items()},
+                      method_settings=method_settings,
                       seeds=tuple(seeds), metric=str(raw["metric"]), mode=mode, scheduler=scheduler,
                       num_samples=raw.get("num_samples", 1), max_concurrent_trials=raw.get("max_concurrent_trials", 1),
                       trial_cpus=float(trial_cpus), storage=Path(raw.get("storage", "ray_results")))
@@ -168,6 +176,8 @@ def trial_spec(sweep: SweepSpec, config: dict, parent_run_id: str):
     values = dict(config)
     values.update(sweep.variants.get(values.pop(VARIANT_KEY, None), {}))
     for key, value in sorted(values.items(), key=lambda kv: kv[0] != "method.name"):  # a method switch first
+        set_dotted(raw, key, value)
+    for key, value in sweep.method_settings.get(raw["method"]["name"], {}).items():
         set_dotted(raw, key, value)
     raw["tracking"]["experiment"] = sweep.experiment
     return build_spec(raw)
