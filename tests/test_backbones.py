@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from fedvlp.backbones.clip import ClipBackbone, create_clip
+from fedvlp.backbones.clip import create_clip
 from fedvlp.config import load_spec
 from fedvlp.errors import BackboneError
 

@@ -48,7 +48,7 @@ def test_gradients_reach_exactly_the_trainable_parameters(world):
     features, labels = world["train"].features[:16], world["train"].labels[:16]
     method.local_update(ClientData(features, labels), torch.Generator().manual_seed(0))  # moves the zero-init ups
     method.zero_grad(set_to_none=True)
-    loss = method.default_loss(method(features), labels)
+    loss = method.loss(method(features), labels)
     loss.backward()
     trainable = {n for n, p in method.named_parameters() if p.requires_grad}
     assert trainable == {"cond_ctx", "cls_ctx", "adapter.down", "adapter.up", "router.down", "router.up",

@@ -14,6 +14,8 @@ from typing import ClassVar
 import torch
 import torch.nn.functional as F
 
+from fedvlp.methods.numerics import asymmetric_loss
+
 State = dict[str, torch.Tensor]
 LOCAL = "local"  # server rule for parameters that never leave their client
 
@@ -74,9 +76,28 @@ class Method(torch.nn.Module):
             object.__setattr__(self, "_initial_local", self.local_state())
         self.load_state_dict({**global_state, **(local_state if local_state is not None else self._initial_local)})
 
-    def default_loss(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        """BCE over known labels for multi-label tasks, cross-entropy for single-label ones."""
+    def loss(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        """The training loss. Default: BCE over known labels (multi-label) or cross-entropy."""
         return masked_bce(logits, labels) if self.task.multilabel else F.cross_entropy(logits, labels)
+
+    def asl(self, logits: torch.Tensor, labels: torch.Tensor, gamma_neg: float, gamma_pos: float,
+            clip: float) -> torch.Tensor:
+        """Asymmetric loss summed over classes and averaged over the batch (cross-entropy if single-label)."""
+        if not self.task.multilabel:
+            return F.cross_entropy(logits, labels)
+        return asymmetric_loss(logits, labels, gamma_neg, gamma_pos, clip, reduction="sum") / len(labels)
+
+    def train_epochs(self, data: ClientData, generator: torch.Generator, optimizer) -> dict[str, float]:
+        """The local loop every method shares: `self.loss` over shuffled minibatches for `local_epochs` epochs."""
+        self.train()
+        losses = []
+        for batch in minibatches(len(data), self.params.batch_size, self.params.local_epochs, generator):
+            loss = self.loss(self(data.features[batch]), data.labels[batch])
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+            losses.append(loss.item())
+        return {"loss": sum(losses) / max(1, len(losses)), "steps": len(losses)}
 
     @torch.no_grad()
     def score(self, features: torch.Tensor, chunk: int = 1024) -> torch.Tensor:

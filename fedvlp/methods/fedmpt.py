@@ -35,8 +35,8 @@ import torch.nn.functional as F
 
 from fedvlp.config import spec_field
 from fedvlp.errors import ConfigError
-from fedvlp.methods.base import ClientData, Method, minibatches
-from fedvlp.methods.numerics import asymmetric_loss, ot_region_scores, region_aggregate
+from fedvlp.methods.base import ClientData, Method
+from fedvlp.methods.numerics import ot_region_scores, region_aggregate
 from fedvlp.methods.prompts import ConditionPromptTemplate, PromptTemplate
 from fedvlp.methods.registry import register
 
@@ -147,16 +147,11 @@ class FedMPT(Method):
         weights = torch.softmax(self.router(features[:, :1]).squeeze(1).squeeze(1), dim=-1)  # [B, N]
         return torch.einsum("bn,bnc->bc", weights, logits)
 
+    def loss(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        p = self.params
+        return self.asl(logits, labels, p.gamma_neg, p.gamma_pos, p.clip)
+
     def local_update(self, data: ClientData, generator: torch.Generator) -> dict[str, float]:
         p = self.params
-        self.train()
         optimizer = torch.optim.SGD(self.parameters(), lr=p.lr, momentum=p.momentum, weight_decay=p.weight_decay)
-        losses = []
-        for batch in minibatches(len(data), p.batch_size, p.local_epochs, generator):
-            loss = asymmetric_loss(self(data.features[batch]), data.labels[batch], p.gamma_neg, p.gamma_pos,
-                                   p.clip) / len(batch)
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            optimizer.step()
-            losses.append(loss.item())
-        return {"loss": sum(losses) / max(1, len(losses)), "steps": len(losses)}
+        return self.train_epochs(data, generator, optimizer)

@@ -33,8 +33,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from fedvlp.config import spec_field
-from fedvlp.methods.base import ClientData, Method, minibatches
-from fedvlp.methods.numerics import asymmetric_loss
+from fedvlp.methods.base import ClientData, Method
 from fedvlp.methods.prompts import PromptTemplate
 from fedvlp.methods.registry import register
 
@@ -115,19 +114,8 @@ class FedTPG(Method):
         return logits + self.bias if self.task.multilabel else logits
 
     def loss(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        if not self.task.multilabel:
-            return F.cross_entropy(logits, labels)
         p = self.params
-        return asymmetric_loss(logits, labels, p.gamma_neg, p.gamma_pos, p.asl_clip, reduction="sum") / len(labels)
+        return self.asl(logits, labels, p.gamma_neg, p.gamma_pos, p.asl_clip)
 
     def local_update(self, data: ClientData, generator: torch.Generator) -> dict[str, float]:
-        self.train()
-        optimizer = torch.optim.SGD([q for q in self.parameters() if q.requires_grad], lr=self.params.lr, momentum=0.9)
-        losses = []
-        for batch in minibatches(len(data), self.params.batch_size, self.params.local_epochs, generator):
-            loss = self.loss(self(data.features[batch]), data.labels[batch])
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            optimizer.step()
-            losses.append(loss.item())
-        return {"loss": sum(losses) / max(1, len(losses)), "steps": len(losses)}
+        return self.train_epochs(data, generator, torch.optim.SGD([q for q in self.parameters() if q.requires_grad], lr=self.params.lr, momentum=0.9))

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from fedvlp.config import spec_field
-from fedvlp.methods.base import ClientData, Method, minibatches
+from fedvlp.methods.base import ClientData, Method
 from fedvlp.methods.prompts import PromptTemplate
 from fedvlp.methods.registry import register
 
@@ -45,13 +45,4 @@ class PromptFL(Method):
         return self.log_scale.exp() * features @ text.T + self.bias
 
     def local_update(self, data: ClientData, generator: torch.Generator) -> dict[str, float]:
-        self.train()
-        optimizer = torch.optim.Adam(self.parameters(), lr=self.params.lr)
-        losses = []
-        for batch in minibatches(len(data), self.params.batch_size, self.params.local_epochs, generator):
-            loss = self.default_loss(self(data.features[batch]), data.labels[batch])
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            optimizer.step()
-            losses.append(loss.item())
-        return {"loss": sum(losses) / max(1, len(losses)), "steps": len(losses)}
+        return self.train_epochs(data, generator, torch.optim.Adam(self.parameters(), lr=self.params.lr))

@@ -41,4 +41,4 @@ class ZeroShot(Method):
     @torch.no_grad()
     def local_update(self, data: ClientData, generator: torch.Generator) -> dict[str, float]:
         """Nothing to train: report the loss of the fixed prompts on the client's data."""
-        return {"loss": self.default_loss(self.score(data.features), data.labels).item() if len(data) else 0.0, "steps": 0}
+        return {"loss": self.loss(self.score(data.features), data.labels).item() if len(data) else 0.0, "steps": 0}

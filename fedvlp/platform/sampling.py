@@ -1,8 +1,6 @@
 """Per-round cohort sampling (DESIGN §4)."""
 from __future__ import annotations
 
-import numpy as np
-
 from fedvlp.seeding import numpy_rng
 
 

@@ -32,14 +32,11 @@ import copy
 import itertools
 import json
 import math
-import os
 import shutil
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-
-import yaml
 
 from fedvlp.config import build_spec, read_yaml, set_dotted
 from fedvlp.errors import ConfigError, FedvlpError
@@ -266,7 +263,6 @@ def _trial_resources(sweep: SweepSpec):
 def run_sweep(sweep: SweepSpec, resume: bool = False, progress: bool = True):
     """Run (or resume) the sweep; returns Tune's ResultGrid."""
     import ray
-    from mlflow import MlflowClient
     from ray import tune
 
     from fedvlp.platform.engine import ensure_ray
