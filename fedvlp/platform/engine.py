@@ -67,6 +67,7 @@ def run_federated(spec, *, progress: bool = True, on_round=None, tags: dict | No
     del method
 
     tracker = RunTracker(spec, tags=tags, run_id=resume["run_id"] if resume else None)
+    history: list[dict] = []
     started_ray = False
     placement, bundle_offset = None, 0
     actors = []
@@ -101,7 +102,6 @@ def run_federated(spec, *, progress: bool = True, on_round=None, tags: dict | No
             tracker.log_metrics(0, {"startup_seconds": time.perf_counter() - started,
                                     "trainable_params": trainable_params, **_prefixed(initial, "test_")})
             say(f"round 0/{spec.federation.rounds}  " + _headline(initial) + "  (before training)")
-        history = []
         for round_index in range(first_round, spec.federation.rounds + 1):
             tic = time.perf_counter()
             metrics = _train_round(spec, round_index, coordinator, workers, home)
@@ -123,6 +123,15 @@ def run_federated(spec, *, progress: bool = True, on_round=None, tags: dict | No
         return RunResult(tracker.run_id, tracker.uri, final, initial, history, worker_info, final_state, cache_status)
     except KeyboardInterrupt:
         tracker.end("KILLED")
+        raise
+    except SystemExit as exc:
+        if exc.code not in (0, None):
+            tracker.end("FAILED")
+            raise
+        # Tune stops a trial (ASHA) with sys.exit(0) inside its report: a finished run, maybe cut short
+        if not history or history[-1]["round"] < spec.federation.rounds:
+            tracker.set_tags({"stopped_early": "true"})
+        tracker.end("FINISHED")
         raise
     except BaseException as exc:
         tracker.set_tags({"error": f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:5000]})
