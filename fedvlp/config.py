@@ -294,7 +294,20 @@ def build_spec(raw: dict) -> RunSpec:
     if name not in METHODS:
         raise ConfigError(f"method.name: unknown method {name!r} (expected one of: {', '.join(sorted(METHODS))})")
     method = MethodSpec(name, build_dataclass(METHODS[name].Params, method_raw, "method."))
-    return build_dataclass(RunSpec, raw, "", given={"method": method})
+    spec = build_dataclass(RunSpec, raw, "", given={"method": method})
+    _check_backbone(spec, METHODS[name].backbone_kind)
+    return spec
+
+
+def _check_backbone(spec: RunSpec, kind: str) -> None:
+    from fedvlp.backbones import backbone_family
+
+    family = backbone_family(spec.backbone.name)
+    if family != kind:
+        examples = {"clip": "tiny-clip or ViT-B-16", "vilt": "tiny-vilt or dandelin/vilt-b32-mlm"}[kind]
+        names = {"clip": "CLIP", "vilt": "ViLT"}
+        raise ConfigError(f"backbone.name: {spec.method.name} needs a {names[kind]} backbone ({examples}); "
+                          f"{spec.backbone.name!r} is a {names[family]} one")
 
 
 def load_spec(path: str | Path | None = None, overrides: list[str] | None = None) -> RunSpec:

@@ -18,6 +18,7 @@ STREAMS = {
     "pretrain": 6,    # backbone pretraining
     "init": 7,        # trainable-module initialisation
     "missing": 8,     # missing modalities
+    "aggregate": 9,   # per-round server aggregation that draws (Hungarian clustering)
 }
 
 

@@ -29,6 +29,15 @@ def tiny_clip():
             "zero_shot_map_untrained": float(meta["zero_shot_map_untrained"])}
 
 
+@pytest.fixture(scope="session")
+def tiny_vilt():
+    """The tiny ViLT pretrained by `fedvlp pretrain tiny-vilt` (once per machine), with its recorded figures."""
+    from fedvlp.backbones.pretrain import ensure_tiny_vilt, read_metadata
+
+    path = ensure_tiny_vilt(progress=False)
+    return {"path": path, **read_metadata(path)}
+
+
 @pytest.fixture(scope="module")
 def ray_cluster():
     """A local Ray with explicit small resources; 4 logical GPUs so fractional placement is testable on CPU."""

@@ -103,3 +103,13 @@ def test_paper_configs_load(dataset, tmp_path):
     p = spec.method.params
     assert (p.ot_epsilon, p.tau, p.n_cond_ctx, p.n_cls_ctx, p.adapter_rank, p.lr) == (0.2, 4.0, 4, 4, 32, 1e-3)
     assert spec.backbone.name == "ViT-B-16" and spec.backbone.pretrained == "openai"
+
+
+@pytest.mark.parametrize("method", ["dualcoop", "fedotp", "fedtpg", "promptfl", "zeroshot"])
+@pytest.mark.parametrize("dataset", ["voc2007", "coco2014", "nuswide"])
+def test_baseline_paper_configs_load(method, dataset, tmp_path):
+    spec = load_spec(f"configs/{method}_{dataset}.yaml", [f"data.root={tmp_path}"])
+    assert (spec.method.name, spec.data.name, spec.backbone.name) == (method, dataset, "ViT-B-16")
+    if method == "dualcoop":
+        p = spec.method.params
+        assert (p.n_ctx, p.region_scale, p.output_scale, p.lr) == (16, 20.0, 5.0, 0.001 if dataset == "voc2007" else 0.002)

@@ -23,6 +23,13 @@ def feature_key(**parts: str) -> str:
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:20]
 
 
+def array_digest(array: np.ndarray) -> str:
+    """A short digest of an array's exact contents (texts, missing tables), for feature keys."""
+    digest = hashlib.sha256(f"{array.dtype}{array.shape}".encode())
+    digest.update(np.ascontiguousarray(array).tobytes() if array.dtype != object else repr(array.tolist()).encode())
+    return digest.hexdigest()[:20]
+
+
 class FeatureCache:
     def __init__(self, root: str | Path | None = None):
         self.root = Path(root) if root is not None else feature_cache_dir()

@@ -27,9 +27,26 @@ class Task:
 
 
 @dataclass
+class TokenInputs:
+    """A batch for a ViLT-family method: the frozen embedding-layer outputs [n, L, D] (text tokens,
+    then image tokens), which tokens are real [n, L], and each sample's missing-modality code [n]
+    (fedvlp.data.missing: 0 full, 1 text missing, 2 image missing). Indexes like a tensor."""
+    embeddings: torch.Tensor
+    mask: torch.Tensor
+    missing: torch.Tensor
+
+    def __len__(self) -> int:
+        return len(self.embeddings)
+
+    def __getitem__(self, index) -> "TokenInputs":
+        return TokenInputs(self.embeddings[index], self.mask[index], self.missing[index])
+
+
+@dataclass
 class ClientData:
-    """One client's training data as the method sees it: frozen features and labels (-1 = unknown)."""
-    features: torch.Tensor
+    """One client's training data as the method sees it: frozen inputs (features, or TokenInputs)
+    and labels (-1 = unknown)."""
+    features: "torch.Tensor | TokenInputs"
     labels: torch.Tensor
 
     def __len__(self) -> int:
@@ -40,9 +57,11 @@ class Method(torch.nn.Module):
     name: ClassVar[str]
     Params: ClassVar[type]
     backbone_kind: ClassVar[str] = "clip"
-    # frozen image features the method reads: "global" [B, D] or "tokens" [B, 1 + M, D] (pooled, then patches)
+    # frozen inputs the method reads: CLIP image features "global" [B, D] or "tokens" [B, 1 + M, D]
+    # (pooled, then patches); ViLT "embeddings" (TokenInputs: the embedding layers' outputs)
     feature_kind: ClassVar[str] = "global"
-    # parameter-name prefix -> server rule ("fedavg", "mean", or LOCAL); the longest prefix wins
+    # parameter-name prefix -> server rule (a name in fedvlp.platform.aggregation.AGGREGATORS, or
+    # LOCAL); the longest prefix wins
     server_rules: ClassVar[dict[str, str]] = {"": "fedavg"}
 
     def __init__(self, params, backbone, task: Task):
@@ -58,6 +77,16 @@ class Method(torch.nn.Module):
     def forward(self, features: torch.Tensor) -> torch.Tensor:
         """Logits [B, C] for frozen image features of `feature_kind`."""
         raise NotImplementedError
+
+    def server_options(self) -> dict[str, dict]:
+        """Keyword options per server rule, e.g. {"hungarian": {"outer_loops": 5}}."""
+        return {}
+
+    @staticmethod
+    def make_inputs(features: torch.Tensor, missing: torch.Tensor | None) -> "torch.Tensor | TokenInputs":
+        """What `forward` takes, from the cached frozen features of `feature_kind` (and, for
+        image+text data, each sample's missing code)."""
+        return features
 
     # --- provided
     def rule_of(self, key: str) -> str:
@@ -87,12 +116,15 @@ class Method(torch.nn.Module):
             return F.cross_entropy(logits, labels)
         return asymmetric_loss(logits, labels, gamma_neg, gamma_pos, clip, reduction="sum") / len(labels)
 
-    def train_epochs(self, data: ClientData, generator: torch.Generator, optimizer) -> dict[str, float]:
-        """The local loop every method shares: `self.loss` over shuffled minibatches for `local_epochs` epochs."""
+    def train_epochs(self, data: ClientData, generator: torch.Generator, optimizer,
+                     batch_loss=None) -> dict[str, float]:
+        """The local loop every method shares: `batch_loss(inputs, labels)` (default `self.loss` of the
+        logits) over shuffled minibatches for `local_epochs` epochs."""
+        batch_loss = batch_loss or (lambda inputs, labels: self.loss(self(inputs), labels))
         self.train()
         losses = []
         for batch in minibatches(len(data), self.params.batch_size, self.params.local_epochs, generator):
-            loss = self.loss(self(data.features[batch]), data.labels[batch])
+            loss = batch_loss(data.features[batch], data.labels[batch])
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             optimizer.step()

@@ -109,3 +109,35 @@ def _word_tokens(backbone, text: str) -> torch.Tensor:
     """BPE token ids of `text` without the start and end tokens."""
     tokens = backbone.tokenize([text])[0].cpu()
     return tokens[1 : int(tokens.argmax())]
+
+
+class PromptPool(torch.nn.Module):
+    """A pool of prompts retrieved by key-query matching (L2P; FED-PRIME's intra and inter pools).
+
+    Each prompt is one token and also its own key. The query of a sample is the max over its
+    frozen input embeddings, mapped by `query` (a projection that never leaves its client) and
+    L2-normalised; the top-k prompts by cosine similarity are selected, per sample, or
+    `batchwise` as the reference code does: the k prompts most often in the samples' top-k,
+    used for the whole batch.
+    """
+
+    def __init__(self, size: int, dim: int, top_k: int, batchwise: bool, generator: torch.Generator,
+                 patch_size: int = 32):
+        super().__init__()
+        bound = (6.0 / (3 * patch_size * patch_size + dim)) ** 0.5  # the reference's uniform init
+        self.prompts = torch.nn.Parameter(torch.empty(size, dim).uniform_(-bound, bound, generator=generator))
+        self.query = torch.nn.Linear(dim, dim, bias=False)
+        with torch.no_grad():
+            self.query.weight.uniform_(-1.0, 1.0, generator=generator)
+        self.top_k, self.batchwise = top_k, batchwise
+
+    def forward(self, query_features: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(selected prompts [B, k, D], mean over the batch of the summed cosine of query and selected keys)."""
+        query = F.normalize(self.query(query_features), dim=-1)
+        keys = F.normalize(self.prompts, dim=-1)
+        top = (query @ keys.T).topk(self.top_k, dim=-1).indices           # [B, k]
+        if self.batchwise:
+            counts = torch.bincount(top.flatten(), minlength=len(keys))
+            top = counts.topk(self.top_k).indices.expand(len(query), -1)  # ties: lowest index first
+        similarity = (keys[top] * query.unsqueeze(1)).sum(-1)              # [B, k]
+        return self.prompts[top], similarity.sum(-1).mean()

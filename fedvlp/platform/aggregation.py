@@ -1,7 +1,9 @@
 """Server-side aggregation rules: small, pure functions over state dicts (Flower's aggregate.py style).
 
 Updates are always given in sorted client-id order and summed in float64, so the result does
-not depend on which worker produced which update or in what order they arrived.
+not depend on which worker produced which update or in what order they arrived. Every rule
+takes `(states, num_samples, *, generator, **options)`: `generator` is the round's own seeded
+stream (for rules that draw, like the Hungarian clustering), `options` come from the method.
 """
 from __future__ import annotations
 
@@ -28,19 +30,26 @@ def weighted_average(states: Sequence[State], weights: Sequence[float]) -> State
     return out
 
 
-def fedavg(states: Sequence[State], num_samples: Sequence[int]) -> State:
+def fedavg(states: Sequence[State], num_samples: Sequence[int], **_) -> State:
     """FedAvg: the average weighted by client data size."""
     return weighted_average(states, num_samples)
 
 
-def uniform_average(states: Sequence[State], num_samples: Sequence[int]) -> State:
+def uniform_average(states: Sequence[State], num_samples: Sequence[int], **_) -> State:
     """The unweighted mean, as in the FedMPT/FedTPG servers."""
     return weighted_average(states, [1.0] * len(states))
 
 
-AGGREGATORS: dict[str, Callable[[Sequence[State], Sequence[int]], State]] = {
+def _hungarian(states: Sequence[State], num_samples: Sequence[int], **options) -> State:
+    from fedvlp.platform.clustering import hungarian_cluster  # scipy and the clustering nets load on use
+
+    return hungarian_cluster(states, num_samples, **options)
+
+
+AGGREGATORS: dict[str, Callable[..., State]] = {
     "fedavg": fedavg,
     "mean": uniform_average,
+    "hungarian": _hungarian,   # FED-PRIME's constrained clustering of prompt pools (clustering.py)
 }
 
 

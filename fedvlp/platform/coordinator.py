@@ -11,14 +11,17 @@ import torch
 
 from fedvlp.platform.aggregation import AGGREGATORS, state_nbytes
 from fedvlp.platform.sampling import sample_cohort
+from fedvlp.seeding import torch_generator
 
 
 @ray.remote(max_restarts=0)
 class Coordinator:
     def __init__(self, seed: int, num_clients: int, participation: float,
-                 initial_state: dict[str, torch.Tensor], rules: dict[str, str], checkpoint: dict | None = None):
+                 initial_state: dict[str, torch.Tensor], rules: dict[str, str],
+                 rule_options: dict[str, dict] | None = None, checkpoint: dict | None = None):
         self.seed, self.num_clients, self.participation = seed, num_clients, participation
         self.rules = rules  # parameter name -> aggregation rule (global parameters only)
+        self.rule_options = rule_options or {}
         self.state = checkpoint["global"] if checkpoint else initial_state
         self.client_state: dict[int, dict] = dict(checkpoint["clients"]) if checkpoint else {}
         self.round = checkpoint["round"] if checkpoint else 0
@@ -41,7 +44,9 @@ class Coordinator:
         new_state = {}
         for rule, keys in itertools.groupby(sorted(self.rules, key=self.rules.get), key=self.rules.get):
             keys = list(keys)
-            new_state.update(AGGREGATORS[rule]([{k: u["global"][k] for k in keys} for u in updates], sizes))
+            new_state.update(AGGREGATORS[rule]([{k: u["global"][k] for k in keys} for u in updates], sizes,
+                                               generator=torch_generator(self.seed, "aggregate", round_index),
+                                               **self.rule_options.get(rule, {})))
         self.state = new_state
         for u in updates:
             if u["local"]:

@@ -19,11 +19,12 @@ import ray
 from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from fedvlp.backbones import backbone_id, load_clip, prepare_backbone
+from fedvlp.backbones import backbone_id, load_backbone, prepare_backbone
 from fedvlp.backbones.clip import FEATURE_CHUNK
 from fedvlp.data import prepare_data
-from fedvlp.data.feature_cache import FeatureCache, feature_key
-from fedvlp.errors import FedvlpError, ResourceError, RoundTimeoutError
+from fedvlp.data.feature_cache import FeatureCache, array_digest, feature_key
+from fedvlp.errors import ConfigError, FedvlpError, ResourceError, RoundTimeoutError
+from fedvlp.methods import METHODS
 from fedvlp.methods.base import Task
 from fedvlp.platform.coordinator import Coordinator
 from fedvlp.platform.metrics import multilabel_metrics, single_label_metrics
@@ -59,10 +60,14 @@ def run_federated(spec, *, progress: bool = True, on_round=None, tags: dict | No
     # 1. Everything that depends only on the inputs, before any cluster work.
     prepare_backbone(spec, progress=progress)
     data = prepare_data(spec)
+    if METHODS[spec.method.name].feature_kind == "embeddings" and data.train_missing is None:
+        raise ConfigError(f"data.name: {spec.method.name} needs image+text data (synthetic-recipes, food101, mmimdb); "
+                          f"{data.dataset.name} has no text")
     task = Task(data.dataset.class_names, multilabel=data.dataset.multilabel)
-    method = build_method(spec, load_clip(spec), task)
+    method = build_method(spec, load_backbone(spec), task)
     initial_state = method.global_state()
     rules = {key: method.rule_of(key) for key in initial_state}
+    rule_options = method.server_options()
     trainable_params = sum(p.numel() for p in method.parameters() if p.requires_grad)
     del method
 
@@ -78,7 +83,8 @@ def run_federated(spec, *, progress: bool = True, on_round=None, tags: dict | No
         coordinator = Coordinator.options(
             num_cpus=spec.resources.coordinator_cpus,
             scheduling_strategy=PlacementGroupSchedulingStrategy(placement, placement_group_bundle_index=bundle_offset),
-        ).remote(spec.seed, spec.federation.clients, spec.federation.participation, initial_state, rules, resume)
+        ).remote(spec.seed, spec.federation.clients, spec.federation.participation, initial_state, rules,
+                 rule_options, resume)
         workers = _start_workers(spec, task, placement, bundle_offset)
         actors = [coordinator, *workers]
         worker_info = _wait([w.ready.remote() for w in workers], "start-up of the client workers",
@@ -255,23 +261,36 @@ def _start_workers(spec, task, group, offset):
     ]
 
 
+def _feature_sets(data, feature_kind: str) -> list[tuple[str, object, np.ndarray | None]]:
+    """What the workers encode: (name, split, missing table). The training split; the test split
+    once, or, for image+text methods, once per evaluation set of DESIGN §4 ("test" is the
+    training setting, then "test_full", "test_miss_image", ...)."""
+    train, test = data.dataset.train, data.dataset.test
+    if feature_kind != "embeddings":
+        return [("train", train, None), ("test", test, None)]
+    return [("train", train, data.train_missing)] + [
+        ("test" if name == "train_setting" else f"test_{name}", test, table) for name, table in data.eval_missing.items()]
+
+
 def _frozen_features(spec, data, workers, worker: dict, say) -> tuple[dict[str, np.ndarray], dict[str, str]]:
-    """Image features of both splits: from the on-disk cache, else encoded by the workers in parallel.
+    """Frozen features of every set to encode: from the on-disk cache, else encoded by the workers in parallel.
 
     Samples are encoded in fixed chunks, so a feature never depends on which worker computed it.
     """
     cache = FeatureCache() if spec.data.feature_cache else None
     out, status = {}, {}
-    for name, split in (("train", data.dataset.train), ("test", data.dataset.test)):
-        parts = {"backbone": backbone_id(spec), "dataset": data.dataset.name, "split": name,
+    for name, split, table in _feature_sets(data, worker["feature_kind"]):
+        parts = {"backbone": backbone_id(spec), "dataset": data.dataset.name, "split": name.split("_")[0],
                  "images": split.images.cache_key(), "transform": worker["transform"], "kind": worker["feature_kind"]}
+        if table is not None:  # image+text inputs: the exact texts and missing pattern too
+            parts.update(texts=array_digest(np.array(split.texts)), missing=array_digest(table))
         key = feature_key(**parts)
         features = cache.get(key) if cache is not None else None
         status[f"feature_cache.{name}"] = "off" if cache is None else ("hit" if features is not None else "miss")
         if features is None:
-            images = ray.put(split.images)
+            source = ray.put((split.images, split.texts, table))
             chunks = [(s, min(s + FEATURE_CHUNK, len(split))) for s in range(0, len(split), FEATURE_CHUNK)]
-            refs = [w.encode.remote(images, chunks[i :: len(workers)]) for i, w in enumerate(workers)]
+            refs = [w.encode.remote(source, chunks[i :: len(workers)]) for i, w in enumerate(workers)]
             blocks = [b for per_worker in _wait(refs, f"encoding {name} features", spec.resources.startup_timeout_s,
                                                 "resources.startup_timeout_s") for b in per_worker]
             features = np.concatenate([f for _, f in sorted(blocks, key=lambda b: b[0])])
@@ -287,11 +306,14 @@ def _attach_data(spec, data, workers, worker: dict, say) -> tuple[dict[int, int]
     features, cache_status = _frozen_features(spec, data, workers, worker, say)
     num_workers = len(workers)
     home = {cid: cid % num_workers for cid in range(len(data.parts))}
-    train_ref, labels_ref, test_ref = ray.put(features["train"]), ray.put(data.train_labels), ray.put(features["test"])
+    missing = {"train": data.train_missing} if data.eval_missing is not None else {}
+    for name, table in (data.eval_missing or {}).items():
+        missing["test" if name == "train_setting" else f"test_{name}"] = table
+    train_ref = ray.put((features.pop("train"), data.train_labels, missing.pop("train", None)))
+    test_ref = ray.put({name: (f, missing.get(name)) for name, f in features.items()})
     num_test = len(data.test_labels)
     blocks = [(s, min(s + EVAL_BLOCK, num_test)) for s in range(0, num_test, EVAL_BLOCK)]
-    refs = [w.attach.remote(train_ref, labels_ref, {c: data.parts[c] for c in home if home[c] == i},
-                            test_ref, blocks[i::num_workers])
+    refs = [w.attach.remote(train_ref, {c: data.parts[c] for c in home if home[c] == i}, test_ref, blocks[i::num_workers])
             for i, w in enumerate(workers)]
     _wait(refs, "loading client data", spec.resources.startup_timeout_s, "resources.startup_timeout_s")
     return home, cache_status
@@ -311,11 +333,21 @@ def _wait(refs, what: str, timeout: float, knob: str = "resources.round_timeout_
 # ---------------------------------------------------------------- evaluation and output
 
 def _evaluate(spec, workers, state_ref, labels: np.ndarray, task) -> dict[str, float]:
-    """Score the test split sharded over the workers; compute the metrics centrally."""
+    """Score every test set sharded over the workers; compute the metrics centrally.
+
+    The metrics of the main test set are unprefixed ("mAP", "accuracy"); those of the other
+    evaluation sets (image+text data) carry the set's name ("full_accuracy", "text_only_macro_f1").
+    """
     refs = [w.evaluate.remote(state_ref) for w in workers]
-    blocks = [b for per_worker in _wait(refs, "evaluation", spec.resources.round_timeout_s) for b in per_worker]
-    logits = np.concatenate([scores for _, scores in sorted(blocks, key=lambda b: b[0])])
-    return multilabel_metrics(logits, labels) if task.multilabel else single_label_metrics(logits, labels)
+    per_worker = _wait(refs, "evaluation", spec.resources.round_timeout_s)
+    metrics = {}
+    for name in per_worker[0]:
+        blocks = sorted((b for scores in per_worker for b in scores[name]), key=lambda b: b[0])
+        logits = np.concatenate([scores for _, scores in blocks])
+        values = multilabel_metrics(logits, labels) if task.multilabel else single_label_metrics(logits, labels)
+        prefix = "" if name == "test" else name.removeprefix("test_") + "_"
+        metrics.update({prefix + k: v for k, v in values.items()})
+    return metrics
 
 
 def _prefixed(metrics: dict, prefix: str) -> dict:

@@ -1,9 +1,9 @@
 """ClientWorker: a long-lived actor that trains the virtual clients it owns.
 
-It loads the frozen backbone once, helps encode the frozen image features once (or reads
-them from the on-disk cache through the driver), keeps its clients' features and labels for
-the whole run, and per round only receives the global state (one object-store reference
-shared by all workers) and the cohort's client-local states.
+It loads the frozen backbone once, helps encode the frozen features once (or reads them from
+the on-disk cache through the driver), keeps its clients' features and labels for the whole
+run, and per round only receives the global state (one object-store reference shared by all
+workers) and the cohort's client-local states.
 """
 from __future__ import annotations
 
@@ -14,7 +14,8 @@ import numpy as np
 import ray
 import torch
 
-from fedvlp.backbones import load_clip
+from fedvlp.backbones import load_backbone
+from fedvlp.data.missing import apply_missing
 from fedvlp.methods.base import ClientData, Task
 from fedvlp.seeding import torch_generator
 
@@ -33,33 +34,60 @@ class ClientWorker:
         self.spec, self.index = spec, index
         gpu_ids = ray.get_gpu_ids()
         self.device = torch.device("cuda" if gpu_ids and torch.cuda.is_available() else "cpu")
-        self.backbone = load_clip(spec, self.device)
+        self.backbone = load_backbone(spec, self.device)
         self.method = build_method(spec, self.backbone, task).to(self.device)
         self.clients: dict[int, ClientData] = {}
-        self.test_blocks: list[tuple[int, torch.Tensor]] = []
+        self.test_blocks: dict[str, list[tuple[int, object]]] = {}
 
     def ready(self) -> dict:
         return {"index": self.index, "pid": os.getpid(), "node_id": ray.get_runtime_context().get_node_id(),
                 "gpu_ids": [str(g) for g in ray.get_gpu_ids()], "device": str(self.device),
                 "transform": self.backbone.transform_id, "feature_kind": self.method.feature_kind}
 
-    def encode(self, images, ranges: list[tuple[int, int]]) -> list[tuple[int, np.ndarray]]:
-        """Frozen image features (float16) of the sample ranges this worker was given."""
-        size, kind = self.backbone.image_size[0], self.method.feature_kind
-        return [(start, self.backbone.encode_images(images.load(range(start, end), size), kind).numpy().astype(np.float16))
-                for start, end in ranges]
+    def encode(self, source: tuple, ranges: list[tuple[int, int]]) -> list[tuple[int, np.ndarray]]:
+        """Frozen features (float16) of the sample ranges this worker was given.
 
-    def attach(self, train_features: np.ndarray, train_labels: np.ndarray, client_indices: dict[int, np.ndarray],
-               test_features: np.ndarray, test_blocks: list[tuple[int, int]]) -> list[int]:
-        """Keep the features and labels of this worker's clients and test blocks for the whole run."""
-        to_tensor = lambda a: torch.from_numpy(np.asarray(a, dtype=np.float32)).to(self.device)  # noqa: E731
-        labels_dtype = np.float32 if train_labels.ndim == 2 else np.int64
+        `source` is (images, texts, missing table). CLIP: image features of `feature_kind`.
+        ViLT: the embedding layers' outputs under the missing table, padding tokens zeroed
+        (so the cached array alone gives the token mask back: `make_inputs`).
+        """
+        images, texts, table = source
+        size, kind = self.backbone.image_size[0], self.method.feature_kind
+        out = []
+        for start, end in ranges:
+            pixels = images.load(range(start, end), size)
+            if kind == "embeddings":
+                kept_texts, image_missing = apply_missing(texts[start:end], table[start:end])
+                embeddings, mask = self.backbone.embed(pixels, kept_texts, image_missing)
+                features = embeddings * mask.unsqueeze(-1)
+            else:
+                features = self.backbone.encode_images(pixels, kind)
+            out.append((start, features.cpu().numpy().astype(np.float16)))
+        return out
+
+    def _inputs(self, features: np.ndarray, missing: np.ndarray | None):
+        to_tensor = lambda a: torch.from_numpy(np.asarray(a)).to(self.device)  # noqa: E731
+        return self.method.make_inputs(to_tensor(features.astype(np.float32)),
+                                       None if missing is None else to_tensor(missing.astype(np.int64)))
+
+    def attach(self, train: tuple, client_indices: dict[int, np.ndarray], test_sets: dict[str, tuple],
+               test_blocks: list[tuple[int, int]]) -> list[int]:
+        """Keep the features and labels of this worker's clients and test blocks for the whole run.
+
+        `train` is (features, labels, missing table or None); `test_sets` maps each evaluation
+        set to (features, missing table or None).
+        """
+        features, labels, missing = train
+        labels_dtype = np.float32 if labels.ndim == 2 else np.int64
         self.clients = {
-            cid: ClientData(to_tensor(train_features[idx]),
-                            torch.from_numpy(train_labels[idx].astype(labels_dtype)).to(self.device))
+            cid: ClientData(self._inputs(features[idx], None if missing is None else missing[idx]),
+                            torch.from_numpy(labels[idx].astype(labels_dtype)).to(self.device))
             for cid, idx in client_indices.items()
         }
-        self.test_blocks = [(start, to_tensor(test_features[start:end])) for start, end in test_blocks]
+        self.test_blocks = {
+            name: [(start, self._inputs(f[start:end], None if m is None else m[start:end])) for start, end in test_blocks]
+            for name, (f, m) in test_sets.items()
+        }
         return sorted(self.clients)
 
     def train(self, round_index: int, client_ids: list[int], global_state: dict, client_states: dict) -> list[dict]:
@@ -77,10 +105,11 @@ class ClientWorker:
             })
         return updates
 
-    def evaluate(self, global_state: dict) -> list[tuple[int, np.ndarray]]:
-        """Logits of this worker's test blocks under the global model."""
+    def evaluate(self, global_state: dict) -> dict[str, list[tuple[int, np.ndarray]]]:
+        """Logits of this worker's test blocks of every evaluation set under the global model."""
         self.method.load(_to(global_state, self.device), None)
-        return [(start, self.method.score(features).cpu().numpy()) for start, features in self.test_blocks]
+        return {name: [(start, self.method.score(inputs).cpu().numpy()) for start, inputs in blocks]
+                for name, blocks in self.test_blocks.items()}
 
 
 def _to(state: dict | None, device) -> dict | None:

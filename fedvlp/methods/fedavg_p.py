@@ -1,0 +1,88 @@
+"""FedAvg-P and FedProx-P: missing-aware prompts (Lee et al., CVPR'23) on a frozen ViLT, federated.
+
+The FED-PRIME paper's baselines (REFERENCES §1.3, §1.7). There is one prompt set per missing
+type (complete, text missing, image missing); each sample uses the set of its own type. A set
+holds `prompt_length` tokens for each of the first `prompt_layers` transformer layers, prepended
+to the sequence before that layer ("input" prompts, so they accumulate). A trainable pooler on
+the first token after the prompts (the text [CLS]) and the classifier head score the classes;
+cross-entropy. Prompts, pooler and classifier are averaged by FedAvg weighted by data size.
+
+Prompts start at zero with one row of ones that differs per type, as in the reference
+(complete: token 0, image missing: token 1, text missing: token 2). FedProx-P adds
+(prox_mu / 2) * ||w - w_global||^2 over the trainable parameters to the local loss.
+The centralised upper bound (Centralized-P) is this method with `federation.clients: 1`.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from fedvlp.config import spec_field
+from fedvlp.data.missing import FULL, MISSING_IMAGE, MISSING_TEXT
+from fedvlp.methods.base import ClientData, Method, TokenInputs
+from fedvlp.methods.fedprime import token_inputs, trainable_pooler, vilt_classifier
+from fedvlp.methods.registry import register
+
+ONES_ROW = {FULL: 0, MISSING_IMAGE: 1, MISSING_TEXT: 2}  # the reference's one-hot-like initial rows
+
+
+@dataclass(frozen=True)
+class FedAvgPParams:
+    prompt_length: int = spec_field(16, "prompt tokens per prompted layer (reference: 16)", ge=3)
+    prompt_layers: int = spec_field(6, "prompted layers, from the first (reference: 6; capped at the depth)", ge=1)
+    prox_mu: float = spec_field(0.0, "FedProx proximal weight mu (0: FedAvg-P)", ge=0)
+    lr: float = spec_field(0.05, "SGD learning rate", gt=0)
+    batch_size: int = spec_field(64, "local batch size", ge=1)
+    local_epochs: int = spec_field(1, "local epochs per round", ge=1)
+
+
+@dataclass(frozen=True)
+class FedProxPParams(FedAvgPParams):
+    prox_mu: float = spec_field(0.01, "FedProx proximal weight mu", gt=0)
+
+
+@register
+class FedAvgP(Method):
+    name = "fedavg_p"
+    Params = FedAvgPParams
+    backbone_kind = "vilt"
+    feature_kind = "embeddings"
+    make_inputs = staticmethod(token_inputs)
+
+    def __init__(self, params: FedAvgPParams, backbone, task, generator=None):
+        super().__init__(params, backbone, task)
+        layers = min(params.prompt_layers, backbone.num_layers)
+        prompts = torch.zeros(3, layers, params.prompt_length, backbone.hidden_size)
+        for code, row in ONES_ROW.items():
+            prompts[code, :, row] = 1.0
+        self.prompts = torch.nn.Parameter(prompts)  # [missing type, layer, token, D]
+        self.pooler = trainable_pooler(backbone)
+        self.classifier = vilt_classifier(backbone.hidden_size, len(task.class_names), generator)
+
+    def forward(self, inputs: TokenInputs) -> torch.Tensor:
+        per_sample = self.prompts[inputs.missing]  # [B, layer, token, D]
+        layer_prompts = {i: per_sample[:, i] for i in range(per_sample.shape[1])}
+        hidden = self.backbone.encode(inputs.embeddings, inputs.mask, layer_prompts)
+        num_prompts = per_sample.shape[1] * per_sample.shape[2]
+        return self.classifier(self.pooler(hidden[:, num_prompts:]))
+
+    def local_update(self, data: ClientData, generator: torch.Generator) -> dict[str, float]:
+        trainable = [p for p in self.parameters() if p.requires_grad]
+        start = [p.detach().clone() for p in trainable]
+        mu = self.params.prox_mu
+
+        def batch_loss(inputs: TokenInputs, labels: torch.Tensor) -> torch.Tensor:
+            loss = F.cross_entropy(self(inputs), labels)
+            if mu > 0:
+                loss = loss + mu / 2 * sum(((p - p0) ** 2).sum() for p, p0 in zip(trainable, start))
+            return loss
+
+        return self.train_epochs(data, generator, torch.optim.SGD(trainable, lr=self.params.lr), batch_loss)
+
+
+@register
+class FedProxP(FedAvgP):
+    name = "fedprox_p"
+    Params = FedProxPParams
