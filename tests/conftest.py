@@ -1,4 +1,4 @@
-"""Shared fixtures: offline, a per-session tiny CLIP pretrained by fedvlp itself, a small Ray, a sqlite MLflow."""
+"""Shared fixtures: offline, the tiny CLIP and tiny ViLT pretrained by fedvlp itself, a small Ray, a sqlite MLflow."""
 from __future__ import annotations
 
 import os
@@ -36,6 +36,16 @@ def tiny_vilt():
 
     path = ensure_tiny_vilt(progress=False)
     return {"path": path, **read_metadata(path)}
+
+
+@pytest.fixture(scope="session")
+def tiny_vilt():
+    """The tiny ViLT pretrained by `fedvlp pretrain tiny-vilt` (once per machine), with its measured figures."""
+    from fedvlp.backbones.pretrain import ensure_tiny_vilt, read_metadata
+
+    path = ensure_tiny_vilt(progress=False)
+    meta = read_metadata(path)
+    return {"path": path, **{k: float(v) for k, v in meta.items() if k.startswith(("itm_", "probe_"))}}
 
 
 @pytest.fixture(scope="module")

@@ -159,8 +159,8 @@ def test_federated_fedprime_logs_the_six_evaluation_sets(tiny_vilt, ray_cluster,
     from fedvlp.platform.engine import run_federated
 
     spec = load_spec("configs/fedprime_recipes.yaml", [
-        "data.num_train=600", "data.num_test=256", "federation.clients=4", "federation.rounds=2",
-        "resources.workers=2", "method.local_epochs=2", f"tracking.uri={tracking_uri}", f"output_dir={tmp_path}"])
+        "data.num_train=600", "data.num_test=256", "federation.clients=4", "federation.rounds=2", "federation.partition=iid",
+        "resources.workers=2", "method.local_epochs=6", f"tracking.uri={tracking_uri}", f"output_dir={tmp_path}"])
     result = run_federated(spec, progress=False)
     sets = ("full", "miss_image", "miss_text", "miss_both", "image_only", "text_only")
     for name in ("", *(f"{s}_" for s in sets)):

@@ -9,66 +9,56 @@ from fedvlp.backbones.clip import TINY_CLIP, ClipBackbone, create_clip
 from fedvlp.backbones.vilt import TINY_VILT, ViltBackbone, create_vilt, is_vilt_directory
 from fedvlp.seeding import torch_seed
 
+FAMILIES = ("clip", "vilt")
+
 
 def backbone_family(name: str) -> str:
-    """"vilt" for tiny-vilt, ViLT hub ids and directories holding a ViLT; "clip" otherwise."""
+    """'vilt' for tiny-vilt, any name containing 'vilt' (dandelin/vilt-b32-mlm) and a local
+    directory holding a ViLT config.json; 'clip' otherwise (open_clip names)."""
     if name == TINY_VILT or "vilt" in name.lower() or is_vilt_directory(name):
         return "vilt"
     return "clip"
 
 
-def load_backbone(spec, device: str | torch.device = "cpu") -> "ClipBackbone | ViltBackbone":
-    """The frozen backbone a run spec names, CLIP or ViLT."""
-    return load_vilt(spec, device) if backbone_family(spec.backbone.name) == "vilt" else load_clip(spec, device)
-
-
-def load_vilt(spec, device: str | torch.device = "cpu") -> ViltBackbone:
-    """The frozen ViLT a run spec names: tiny-vilt (fedvlp-pretrained or random), a hub id or a directory."""
-    name, pretrained = spec.backbone.name, spec.backbone.pretrained
-    if name == TINY_VILT and pretrained == "fedvlp":
-        from fedvlp.backbones.pretrain import ensure_tiny_vilt, load_tiny_vilt_state
-
-        state, vocabulary = load_tiny_vilt_state(ensure_tiny_vilt(progress=False))
-        torch.manual_seed(torch_seed(spec.seed, "init", 0))  # overwritten by the state; keeps construction quiet
-        backbone = create_vilt(name, vocabulary=vocabulary)
-        backbone.model.load_state_dict(state)
-    elif name == TINY_VILT and pretrained in ("none", ""):
-        torch.manual_seed(torch_seed(spec.seed, "init", 0))  # transformers initialises from the global RNG
-        backbone = create_vilt(name)
-    else:
-        backbone = create_vilt(name, None if pretrained in ("fedvlp", "none", "") else pretrained)
-    return backbone.to(device)
+def _fedvlp_pretrained(spec) -> bool:
+    return spec.backbone.name in (TINY_CLIP, TINY_VILT) and spec.backbone.pretrained == "fedvlp"
 
 
 def prepare_backbone(spec, progress: bool = True) -> None:
-    """Make sure the weights a run needs are on this machine (pretraining tiny-clip once if needed)."""
-    if spec.backbone.name == TINY_CLIP and spec.backbone.pretrained == "fedvlp":
-        from fedvlp.backbones.pretrain import ensure_tiny_clip
+    """Make sure the weights a run needs are on this machine (pretraining tiny-clip or tiny-vilt once if needed)."""
+    if not _fedvlp_pretrained(spec):
+        return
+    from fedvlp.backbones.pretrain import ensure_tiny_clip, ensure_tiny_vilt
 
-        ensure_tiny_clip(progress=progress)
-    if spec.backbone.name == TINY_VILT and spec.backbone.pretrained == "fedvlp":
-        from fedvlp.backbones.pretrain import ensure_tiny_vilt
+    (ensure_tiny_vilt if spec.backbone.name == TINY_VILT else ensure_tiny_clip)(progress=progress)
 
-        ensure_tiny_vilt(progress=progress)
+
+def _vilt_source(name: str, pretrained: str) -> str:
+    """Where a real ViLT's weights come from: backbone.pretrained when it names them, else backbone.name."""
+    return name if pretrained in ("fedvlp", "none", "") else pretrained
+
+
+def _path_id(path: Path) -> str:
+    files = [path] if path.is_file() else sorted(p for p in path.iterdir() if p.is_file())
+    stats = [p.stat() for p in files]
+    return f"{path.resolve()}:{sum(s.st_size for s in stats)}:{max((s.st_mtime_ns for s in stats), default=0)}"
 
 
 def backbone_id(spec) -> str:
     """Names the exact frozen weights, for keying cached features."""
     name, pretrained = spec.backbone.name, spec.backbone.pretrained
-    if name == TINY_CLIP and pretrained == "fedvlp":
-        from fedvlp.backbones.pretrain import TinyClipRecipe
+    if _fedvlp_pretrained(spec):
+        from fedvlp.backbones.pretrain import TinyClipRecipe, TinyViltRecipe
 
-        return f"{name}:fedvlp:{TinyClipRecipe().key()}"
-    if name == TINY_VILT and pretrained == "fedvlp":
-        from fedvlp.backbones.pretrain import TinyViltRecipe
-
-        return f"{name}:fedvlp:{TinyViltRecipe().key()}"
+        recipe = TinyViltRecipe() if name == TINY_VILT else TinyClipRecipe()
+        return f"{name}:fedvlp:{recipe.key()}"
     if pretrained in ("none", ""):
         return f"{name}:random:{spec.seed}"
+    if backbone_family(name) == "vilt":
+        pretrained = _vilt_source(name, pretrained)
     path = Path(pretrained).expanduser()
-    if path.is_file():
-        stat = path.stat()
-        return f"{name}:{path.resolve()}:{stat.st_size}:{stat.st_mtime_ns}"
+    if path.exists():
+        return f"{name}:{_path_id(path)}"
     return f"{name}:{pretrained}"
 
 
@@ -86,3 +76,38 @@ def load_clip(spec, device: str | torch.device = "cpu") -> ClipBackbone:
     else:
         model = create_clip(name, pretrained)
     return ClipBackbone(model, name).to(device)
+
+
+def load_vilt(spec, device: str | torch.device = "cpu") -> ViltBackbone:
+    """The frozen ViLT a run spec names.
+
+    * `tiny-vilt` + `fedvlp`: fedvlp's tiny ViLT, pretrained once and cached (`fedvlp pretrain tiny-vilt`).
+    * `pretrained: none`: a random initialisation of that architecture, seeded by the run's seed
+      (for a real model, its config must be on this machine).
+    * otherwise a Hugging Face id (`dandelin/vilt-b32-mlm`) or a local directory, in
+      `backbone.pretrained` or else `backbone.name`: `ViltModel.from_pretrained` and
+      `BertTokenizerFast.from_pretrained`, text cut to 40 tokens, images resized square to the
+      model's size (384). Offline without the weights: a one-line `BackboneError` that says how
+      to provide them.
+    """
+    name, pretrained = spec.backbone.name, spec.backbone.pretrained
+    if name == TINY_VILT and pretrained == "fedvlp":
+        from fedvlp.backbones.pretrain import ensure_tiny_vilt, load_tiny_vilt_state
+
+        state, vocabulary = load_tiny_vilt_state(ensure_tiny_vilt(progress=False))
+        backbone = create_vilt(name, vocabulary=vocabulary)
+        backbone.model.load_state_dict(state)
+    elif pretrained in ("none", "") and name == TINY_VILT:
+        torch.manual_seed(torch_seed(spec.seed, "init", 0))  # transformers initialises from the global RNG
+        backbone = create_vilt(name)
+    elif pretrained in ("none", ""):
+        torch.manual_seed(torch_seed(spec.seed, "init", 0))
+        backbone = create_vilt(name, random_init=True)
+    else:
+        backbone = create_vilt(name, _vilt_source(name, pretrained))
+    return backbone.to(device)
+
+
+def load_backbone(spec, device: str | torch.device = "cpu") -> ClipBackbone | ViltBackbone:
+    """The frozen backbone of a run spec, of either family (`backbone_family`)."""
+    return (load_vilt if backbone_family(spec.backbone.name) == "vilt" else load_clip)(spec, device)

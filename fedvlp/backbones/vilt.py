@@ -72,14 +72,19 @@ def _weights_help(name: str) -> str:
             f"and set backbone.pretrained (or backbone.name) to DIR")
 
 
-def create_vilt(name: str = TINY_VILT, pretrained: str | None = None,
-                vocabulary: Sequence[str] | None = None) -> "ViltBackbone":
-    """A frozen ViLT. `name` tiny-vilt: a fresh tiny ViLT initialised from the global torch RNG
-    (seed it first), over `vocabulary` (default `tiny_vocabulary()`). Any other name is a
-    Hugging Face model id or a local directory (`pretrained`, when given, is the directory or id to
-    load instead): `ViltModel.from_pretrained` and `BertTokenizerFast.from_pretrained`, with text
-    cut to the model's 40 positions and images resized square to its image size (384 for
-    dandelin/vilt-b32-mlm, where the original resizes the shorter side to 384 and keeps the aspect)."""
+def create_vilt(name: str = TINY_VILT, pretrained: str | None = None, vocabulary: Sequence[str] | None = None,
+                random_init: bool = False) -> "ViltBackbone":
+    """A frozen ViLT.
+
+    `name` tiny-vilt: a fresh tiny ViLT initialised from the global torch RNG (seed it first), over
+    `vocabulary` (default `tiny_vocabulary()`). Any other name is a Hugging Face model id or a
+    local directory (`pretrained`, when given, is the id or directory to load instead):
+    `ViltModel.from_pretrained` and `BertTokenizerFast.from_pretrained` (or, with `random_init`,
+    only the config, initialised from the global RNG). Text is cut to the model's text positions,
+    at most 40, and images are resized square to the model's image size (384 for
+    dandelin/vilt-b32-mlm, where the original resizes the shorter side to 384 and keeps the aspect).
+    Weights that cannot be had raise a one-line `BackboneError` that says how to provide them.
+    """
     if name == TINY_VILT and pretrained is None:
         vocabulary = tuple(vocabulary or tiny_vocabulary())
         model = ViltModel(tiny_vilt_config(len(vocabulary)))
@@ -87,18 +92,23 @@ def create_vilt(name: str = TINY_VILT, pretrained: str | None = None,
             model.embeddings.cls_token.normal_(0, INIT_STD)
             model.embeddings.position_embeddings.normal_(0, INIT_STD)
         return ViltBackbone(model, make_tokenizer(vocabulary), name)
-    source = str(Path(pretrained or name).expanduser()) if Path(pretrained or name).expanduser().exists() \
-        else (pretrained or name)
+    source = pretrained or name
+    if Path(source).expanduser().exists():
+        source = str(Path(source).expanduser())
     from transformers.utils import logging as hf_logging
 
     verbosity = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()
     try:
-        model = ViltModel.from_pretrained(source)
+        if random_init:
+            model = ViltModel(ViltConfig.from_pretrained(source))
+        else:
+            model = ViltModel.from_pretrained(source)
         tokenizer = BertTokenizerFast.from_pretrained(source)
     except Exception as exc:  # offline hub, missing or corrupt directory: one line that says how to provide weights
+        where = name if source == name else f"{name}/{source}"
         raise BackboneError(
-            f"backbone {name if source == name else f'{name}/{source}'}: ViLT weights could not be loaded ({type(exc).__name__}); {_weights_help(source)}"
+            f"backbone {where}: ViLT weights could not be loaded ({type(exc).__name__}); {_weights_help(source)}"
         ) from None
     finally:
         hf_logging.set_verbosity(verbosity)
