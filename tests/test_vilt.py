@@ -1,71 +1,203 @@
-"""The tiny ViLT: deterministic embedding layers, the frozen encoder with prompts, pretraining, loading."""
-from __future__ import annotations
+"""The tiny ViLT fedvlp pretrains itself, its frozen embed/encode halves, and the ViLT loader."""
+import json
+from dataclasses import replace
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 import torch
 
-from fedvlp.backbones import backbone_family, load_backbone
-from fedvlp.config import load_spec
-from fedvlp.data.missing import fill_missing_images
-from fedvlp.data.recipes import generate_recipes
+from fedvlp.backbones import backbone_family, backbone_id, load_backbone, load_vilt
+from fedvlp.backbones.vilt import MAX_TEXT_LEN, TINY_VILT, ViltBackbone, create_vilt, tiny_vocabulary
+from fedvlp.data.recipes import VOCABULARY, generate_recipes
 from fedvlp.errors import BackboneError
 
 
+def spec(name=TINY_VILT, pretrained="fedvlp", seed=0):
+    return SimpleNamespace(backbone=SimpleNamespace(name=name, pretrained=pretrained), seed=seed)
+
+
 @pytest.fixture(scope="module")
-def vilt(tiny_vilt):
-    return load_backbone(load_spec("configs/fedprime_recipes.yaml"))
+def backbone(tiny_vilt):
+    return load_vilt(spec())
 
 
 @pytest.fixture(scope="module")
 def recipes():
-    return generate_recipes(16, "test", 0)
+    return generate_recipes(40, "test", 0)
 
 
-def test_embed_is_text_then_image_with_a_mask_and_deterministic(vilt, recipes):
-    none = np.zeros(len(recipes), bool)
-    hidden, mask = vilt.embed(recipes.images, recipes.texts, none)
-    assert hidden.shape == (16, vilt.max_text_len + 1 + vilt.num_patches, vilt.hidden_size)
-    assert mask.shape == hidden.shape[:2] and mask[:, vilt.max_text_len:].all()
-    words = [len(t.split()) for t in recipes.texts]  # every recipe word is one token of the tiny vocabulary
-    assert mask[:, : vilt.max_text_len].sum(1).tolist() == [min(w + 2, vilt.max_text_len) for w in words]
-    again, _ = vilt.embed(recipes.images, recipes.texts, none)
+def test_tiny_vilt_architecture_and_vocabulary():
+    torch.manual_seed(0)
+    model = create_vilt().model
+    config = model.config
+    assert (config.hidden_size, config.num_hidden_layers, config.num_attention_heads, config.intermediate_size,
+            config.patch_size, config.image_size, config.max_position_embeddings) == (128, 4, 4, 512, 8, 32, MAX_TEXT_LEN)
+    vocabulary = tiny_vocabulary()
+    assert vocabulary[:5] == ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
+    assert list(vocabulary[5:]) == sorted(VOCABULARY) and config.vocab_size == len(vocabulary)
+    assert 0.8e6 < sum(p.numel() for p in model.parameters()) < 0.9e6
+
+
+def test_embed_shapes_mask_and_determinism(backbone, recipes):
+    n = len(recipes)
+    hidden, mask = backbone.embed(recipes.images, recipes.texts, np.zeros(n, bool))
+    length = MAX_TEXT_LEN + 1 + 16  # text, image [CLS], 4 x 4 patches of 8 px
+    assert backbone.seq_len == length and backbone.num_patches == 16 and backbone.image_size == (32, 32)
+    assert hidden.shape == (n, length, 128) and hidden.dtype == torch.float32 and mask.shape == (n, length)
+    words = torch.tensor([len(t.split()) for t in recipes.texts])
+    assert torch.equal(mask[:, :MAX_TEXT_LEN].sum(1), words + 2)  # [CLS] words [SEP], one token per word
+    assert mask[:, MAX_TEXT_LEN:].all()
+    again, _ = backbone.embed(recipes.images, recipes.texts, np.zeros(n, bool))
     assert torch.equal(hidden, again)
+    part, _ = backbone.embed(recipes.images[:7], recipes.texts[:7], np.zeros(7, bool))
+    assert torch.equal(part, hidden[:7])  # a sample's embedding does not depend on its batch
 
 
-def test_missing_text_and_missing_image(vilt, recipes):
-    texts = ["" if i % 2 else t for i, t in enumerate(recipes.texts)]
-    image_missing = np.arange(len(recipes)) % 3 == 0
-    hidden, mask = vilt.embed(recipes.images, texts, image_missing)
-    assert (mask[1::2, : vilt.max_text_len].sum(1) == 2).all()       # [CLS][SEP] only
-    ones = fill_missing_images(vilt.preprocess(recipes.images[:1]), np.ones(1, bool))
-    assert (ones == 1).all()
-    expected = vilt.image_embeddings(ones)[0]
-    for i in np.flatnonzero(image_missing):
-        assert torch.allclose(hidden[i, vilt.max_text_len:], expected, atol=1e-6)
+def test_missing_text_is_cls_sep_and_missing_image_is_the_all_ones_image(backbone, recipes):
+    n = len(recipes)
+    texts = ["" if i % 3 == 0 else t for i, t in enumerate(recipes.texts)]
+    image_missing = np.arange(n) % 4 == 1
+    hidden, mask = backbone.embed(recipes.images, texts, image_missing)
+    blank = np.arange(n) % 3 == 0
+    assert mask[blank, :2].all() and not mask[blank, 2:MAX_TEXT_LEN].any()
+    assert torch.equal(hidden[blank, :2], hidden[np.flatnonzero(blank)[:1], :2].expand(int(blank.sum()), -1, -1))
+    ones = torch.ones(1, 3, 32, 32)
+    with torch.no_grad():
+        expected = backbone.image_embeddings(ones)
+    image = hidden[image_missing, MAX_TEXT_LEN:]
+    assert torch.allclose(image, expected.expand_as(image), atol=1e-6)
+    full, _ = backbone.embed(recipes.images, recipes.texts, np.zeros(n, bool))
+    kept = ~image_missing
+    assert torch.equal(hidden[kept, MAX_TEXT_LEN:], full[kept, MAX_TEXT_LEN:])  # the others are untouched
 
 
-def test_encode_prepends_layer_prompts_and_trains_only_them(vilt, recipes):
-    hidden, mask = vilt.embed(recipes.images[:4], recipes.texts[:4], np.zeros(4, bool))
-    prompts = {0: torch.randn(3, vilt.hidden_size, requires_grad=True),
-               1: torch.randn(4, 2, vilt.hidden_size, requires_grad=True)}
-    out = vilt.encode(hidden, mask, prompts)
-    assert out.shape == (4, hidden.shape[1] + 5, vilt.hidden_size)
-    vilt.pooler(out[:, 5:]).sum().backward()
-    assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in prompts.values())
-    assert all(p.grad is None and not p.requires_grad for p in vilt.parameters())
+def test_embed_then_encode_is_vilts_own_forward(backbone, recipes):
+    # transformers' ViltModel with the same image embeddings (its visual_embed would sample patches at random)
+    texts = list(recipes.texts[:6])
+    texts[2] = ""
+    hidden, mask = backbone.embed(recipes.images[:6], texts, np.zeros(6, bool))
+    ids, text_mask = backbone.tokenize(texts)
+    with torch.no_grad():
+        images = backbone.image_embeddings(backbone.preprocess(recipes.images[:6]))
+        images = images - backbone.model.embeddings.token_type_embeddings.weight[1]  # ViltModel adds the type
+        ours = backbone.encode(hidden, mask)
+        theirs = backbone.model(input_ids=ids, attention_mask=text_mask.long(), image_embeds=images,
+                                pixel_mask=torch.ones(6, 17, dtype=torch.long))
+    assert torch.allclose(ours, theirs.last_hidden_state, atol=1e-5)
+    assert torch.allclose(backbone.pooler(ours), theirs.pooler_output, atol=1e-5)
 
 
-def test_pretraining_learned_image_text_matching(tiny_vilt):
-    """Held-out image-text matching accuracy recorded by the pretraining run (chance is 0.5)."""
-    assert float(tiny_vilt["itm_accuracy"]) > 0.6
+def test_image_embeddings_are_visual_embed_without_its_random_patch_order(backbone, recipes):
+    pixels = backbone.preprocess(recipes.images[:3])
+    embeddings = backbone.model.embeddings
+    with torch.no_grad():
+        theirs, _, (patch_index, _) = embeddings.visual_embed(pixels, torch.ones(3, 32, 32, dtype=torch.long),
+                                                              max_image_length=16)
+        ours = backbone.image_embeddings(pixels) - embeddings.token_type_embeddings.weight[1]
+    order = patch_index[..., 0] * 4 + patch_index[..., 1]  # theirs[:, 1 + k] is grid patch order[:, k]
+    assert torch.allclose(theirs[:, 0], ours[:, 0], atol=1e-6)
+    assert torch.allclose(theirs[:, 1:], torch.gather(ours[:, 1:], 1, order[..., None].expand(-1, -1, 128)), atol=1e-6)
 
 
-def test_family_and_offline_errors(monkeypatch):
-    assert backbone_family("tiny-vilt") == backbone_family("dandelin/vilt-b32-mlm") == "vilt"
-    assert backbone_family("tiny-clip") == backbone_family("ViT-B-16") == "clip"
+def test_layer_prompts_accumulate_and_only_they_and_the_input_get_gradients(backbone, recipes):
+    hidden, mask = backbone.embed(recipes.images[:5], recipes.texts[:5], np.zeros(5, bool))
+    hidden.requires_grad_(True)
+    shared = torch.randn(3, 128, requires_grad=True)
+    per_sample = torch.randn(5, 2, 128, requires_grad=True)
+    out = backbone.encode(hidden, mask, {0: shared, 2: per_sample})
+    assert out.shape == (5, hidden.shape[1] + 3 + 2, 128)
+    backbone.pooler(out).sum().backward()
+    assert shared.grad.abs().sum() > 0 and per_sample.grad.abs().sum() > 0 and hidden.grad.abs().sum() > 0
+    assert all(p.grad is None and not p.requires_grad for p in backbone.parameters())
+    with torch.no_grad():  # [P, D] is the same prompt for every sample
+        expanded = backbone.encode(hidden, mask, {0: shared.expand(5, -1, -1), 2: per_sample})
+    assert torch.allclose(out.detach(), expanded, atol=1e-6)
+    with pytest.raises(ValueError, match="layer indices"):
+        backbone.encode(hidden, mask, {4: shared})
+
+
+def test_pretrained_tiny_vilt_beats_its_untrained_self(tiny_vilt):
+    # Measured once by the pretraining run (README "The tiny ViLT"): image-text matching on held-out
+    # pretraining pairs is at chance before training, and the linear probe on the pooled pair improves.
+    assert tiny_vilt["itm_accuracy"] > 0.57
+    assert tiny_vilt["probe_full"] > tiny_vilt["probe_untrained_full"] + 0.03
+
+
+def test_pretrained_pooled_feature_probes_better_than_a_random_init(tiny_vilt):
+    from fedvlp.backbones.pretrain import probe_accuracies
+
+    pretrained = probe_accuracies(load_vilt(spec()), settings=("full",))["full"]
+    untrained = probe_accuracies(load_vilt(spec(pretrained="none")), settings=("full",))["full"]
+    assert pretrained > untrained + 0.03, (pretrained, untrained)
+
+
+def test_pretraining_is_bit_identical_for_a_seed(tmp_path, monkeypatch):
+    from safetensors.torch import load_file
+
+    from fedvlp.backbones.pretrain import TinyViltRecipe, pretrain_tiny_vilt
+
+    recipe = TinyViltRecipe(steps=3, batch_size=16, pool_size=200, itm_eval_size=0, probe_train=0)
+    weights = []
+    for run in ("a", "b"):
+        monkeypatch.setenv("FEDVLP_CACHE_DIR", str(tmp_path / run))
+        weights.append(load_file(pretrain_tiny_vilt(recipe, progress=False)["path"]))
+    assert all(torch.equal(weights[0][k], weights[1][k]) for k in weights[0])
+    monkeypatch.setenv("FEDVLP_CACHE_DIR", str(tmp_path / "c"))
+    other = load_file(pretrain_tiny_vilt(replace(recipe, seed=1), progress=False)["path"])
+    assert not torch.equal(weights[0]["pooler.dense.weight"], other["pooler.dense.weight"])
+
+
+def test_random_init_is_seeded_by_the_run(tiny_vilt):
+    a, b, c = (load_vilt(spec(pretrained="none", seed=s)).model.state_dict() for s in (0, 0, 1))
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert not torch.equal(a["pooler.dense.weight"], c["pooler.dense.weight"])
+
+
+def test_real_vilt_fails_offline_with_one_line_that_says_how(monkeypatch, tmp_path):
+    from fedvlp.config import load_spec
+
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    spec = load_spec("configs/fedprime_recipes.yaml", ["backbone.name=dandelin/vilt-b32-mlm"])
-    with pytest.raises(BackboneError) as error:
-        load_backbone(spec)
-    assert "\n" not in str(error.value) and "dandelin/vilt-b32-mlm" in str(error.value)
+    run = load_spec("configs/fedprime_recipes.yaml", ["backbone.name=dandelin/vilt-b32-mlm"])
+    with pytest.raises(BackboneError) as err:
+        load_backbone(run)
+    assert "\n" not in str(err.value) and "dandelin/vilt-b32-mlm" in str(err.value)
+    for name, pretrained, named in (("dandelin/vilt-b32-mlm", "fedvlp", "dandelin/vilt-b32-mlm"),
+                                    ("vilt", str(tmp_path / "no-such-dir"), "no-such-dir")):
+        with pytest.raises(BackboneError) as err:
+            load_vilt(spec(name, pretrained))
+        message = str(err.value)
+        assert "\n" not in message and named in message, message
+        assert "backbone.pretrained" in message and "save_pretrained" in message
+
+
+def test_a_local_vilt_directory_loads_through_the_real_model_path(tiny_vilt, tmp_path):
+    tiny = load_vilt(spec())
+    tiny.model.save_pretrained(tmp_path / "vilt")
+    tiny.tokenizer.save_pretrained(tmp_path / "vilt")
+    assert backbone_family(str(tmp_path / "vilt")) == "vilt"
+    loaded = load_backbone(spec(str(tmp_path / "vilt")))
+    assert isinstance(loaded, ViltBackbone) and loaded.max_text_len == MAX_TEXT_LEN
+    recipes = generate_recipes(4, "test", 0)
+    missing = np.array([False, True, False, False])
+    expected, mask = tiny.embed(recipes.images, recipes.texts, missing)
+    got, got_mask = loaded.embed(recipes.images, recipes.texts, missing)
+    assert torch.equal(mask, got_mask) and torch.allclose(got, expected)
+    with torch.no_grad():
+        assert torch.allclose(loaded.encode(got, got_mask), tiny.encode(expected, mask), atol=1e-6)
+    assert backbone_id(spec(str(tmp_path / "vilt"))).startswith(f"{tmp_path / 'vilt'}:{(tmp_path / 'vilt').resolve()}:")
+
+
+def test_backbone_family_and_ids(tmp_path):
+    assert backbone_family(TINY_VILT) == "vilt" and backbone_family("dandelin/vilt-b32-mlm") == "vilt"
+    assert backbone_family("tiny-clip") == "clip" and backbone_family("ViT-B-16") == "clip"
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "config.json").write_text(json.dumps({"model_type": "vilt"}))
+    (tmp_path / "c").mkdir()
+    (tmp_path / "c" / "config.json").write_text(json.dumps({"model_type": "bert"}))
+    assert backbone_family(str(tmp_path / "m")) == "vilt" and backbone_family(str(tmp_path / "c")) == "clip"
+    from fedvlp.backbones.pretrain import TinyViltRecipe
+
+    assert backbone_id(spec()) == f"tiny-vilt:fedvlp:{TinyViltRecipe().key()}"
+    assert backbone_id(spec(pretrained="none", seed=3)) == "tiny-vilt:random:3"
+    assert TinyViltRecipe().key() != TinyViltRecipe(seed=1).key()

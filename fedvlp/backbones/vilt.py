@@ -106,7 +106,7 @@ def create_vilt(name: str = TINY_VILT, pretrained: str | None = None, vocabulary
             model = ViltModel.from_pretrained(source)
         tokenizer = BertTokenizerFast.from_pretrained(source)
     except Exception as exc:  # offline hub, missing or corrupt directory: one line that says how to provide weights
-        where = name if source == name else f"{name}/{source}"
+        where = name if source == name else f"{name} ({source})"
         raise BackboneError(
             f"backbone {where}: ViLT weights could not be loaded ({type(exc).__name__}); {_weights_help(source)}"
         ) from None
