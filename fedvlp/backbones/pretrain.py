@@ -223,6 +223,19 @@ def load_tiny_clip_state(path: Path) -> dict[str, torch.Tensor]:
 
 # ---- tiny ViLT ---------------------------------------------------------------------------------
 
+@contextlib.contextmanager
+def _one_thread():
+    """Run on one CPU thread: a model this small gains little from intra-op threads, loses a lot
+    when the cores are shared (measured: 0.37 s/step on one thread, 7 s on two, beside other jobs),
+    and its bits then do not depend on the machine's core count."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
 PROBE_SETTINGS = ("full", "text_missing", "image_missing")
 
 
@@ -272,10 +285,11 @@ def probe_accuracies(backbone: ViltBackbone, seed: int = 0, num_train: int = 2_0
     test = generate_recipes(num_test, "test", seed)
     out = {}
     for setting in settings:
-        out[setting] = logistic_probe(pooled_features(backbone, train.images, train.texts, setting),
-                                      torch.from_numpy(train.labels),
-                                      pooled_features(backbone, test.images, test.texts, setting),
-                                      torch.from_numpy(test.labels))
+        with _one_thread():
+            out[setting] = logistic_probe(pooled_features(backbone, train.images, train.texts, setting),
+                                          torch.from_numpy(train.labels),
+                                          pooled_features(backbone, test.images, test.texts, setting),
+                                          torch.from_numpy(test.labels))
     return out
 
 
@@ -337,19 +351,6 @@ def itm_accuracy(backbone: ViltBackbone, head: torch.nn.Module, images: np.ndarr
     return float((logits.argmax(1).cpu() == match).float().mean())
 
 
-@contextlib.contextmanager
-def _one_thread():
-    """Run on one CPU thread: a model this small gains little from intra-op threads, loses a lot
-    when the cores are shared (measured: 0.37 s/step on one thread, 7 s on two, beside other jobs),
-    and its bits then do not depend on the machine's core count."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(threads)
-
-
 def pretrain_tiny_vilt(recipe: TinyViltRecipe = TinyViltRecipe(), progress: bool = True,
                        device: str | torch.device = "cpu") -> dict:
     """Train the tiny ViLT from scratch on synthetic-recipes' pretraining split.
@@ -361,6 +362,11 @@ def pretrain_tiny_vilt(recipe: TinyViltRecipe = TinyViltRecipe(), progress: bool
     matching pairs (`itc_weight`); contrastive pair <-> its text alone and <-> its image alone
     (`pair_weight`), so the pair's pooled feature keeps what identifies both its inputs; and,
     if `mlm_probability`, masked-language modelling on the pair's text tokens.
+
+    Measured (default recipe, seed 0, README "The tiny ViLT"): held-out matching 0.60; linear
+    probe on the pooled pair 0.351 untrained -> 0.416. Matching alone reached 0.75 but lowered the
+    probe to 0.26; MLM did not raise it; `itc_weight` 1 gave matching 0.73-0.77 but a probe that
+    swung with the seed (0.34-0.44); without the container in the captions matching stayed at chance.
 
     Returns {'path', 'seconds', 'itm_accuracy', 'probe_untrained_<setting>', 'probe_<setting>'}
     (settings: PROBE_SETTINGS); only the ViltModel weights are saved. Every draw is made on the
