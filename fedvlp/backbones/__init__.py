@@ -9,8 +9,6 @@ from fedvlp.backbones.clip import TINY_CLIP, ClipBackbone, create_clip
 from fedvlp.backbones.vilt import TINY_VILT, ViltBackbone, create_vilt, is_vilt_directory
 from fedvlp.seeding import torch_seed
 
-FAMILIES = ("clip", "vilt")
-
 
 def backbone_family(name: str) -> str:
     """'vilt' for tiny-vilt, any name containing 'vilt' (dandelin/vilt-b32-mlm) and a local
