@@ -269,7 +269,12 @@ def _feature_sets(data, feature_kind: str) -> list[tuple[str, object, np.ndarray
     if feature_kind != "embeddings":
         return [("train", train, None), ("test", test, None)]
     return [("train", train, data.train_missing)] + [
-        ("test" if name == "train_setting" else f"test_{name}", test, table) for name, table in data.eval_missing.items()]
+        (_eval_set_name(name), test, table) for name, table in data.eval_missing.items()]
+
+
+def _eval_set_name(name: str) -> str:
+    """The test set under the training setting is "test"; the six fixed sets are "test_<name>"."""
+    return "test" if name == "train_setting" else f"test_{name}"
 
 
 def _frozen_features(spec, data, workers, worker: dict, say) -> tuple[dict[str, np.ndarray], dict[str, str]]:
@@ -307,8 +312,7 @@ def _attach_data(spec, data, workers, worker: dict, say) -> tuple[dict[int, int]
     num_workers = len(workers)
     home = {cid: cid % num_workers for cid in range(len(data.parts))}
     missing = {"train": data.train_missing} if data.eval_missing is not None else {}
-    for name, table in (data.eval_missing or {}).items():
-        missing["test" if name == "train_setting" else f"test_{name}"] = table
+    missing.update({_eval_set_name(name): table for name, table in (data.eval_missing or {}).items()})
     train_ref = ray.put((features.pop("train"), data.train_labels, missing.pop("train", None)))
     test_ref = ray.put({name: (f, missing.get(name)) for name, f in features.items()})
     num_test = len(data.test_labels)
