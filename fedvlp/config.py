@@ -70,6 +70,16 @@ class DataSpec:
 
 
 @dataclass(frozen=True)
+class VirtualClockSpec:
+    """Simulated device speeds (FedScale's virtual clock): stragglers without waiting on wall-clock time."""
+    enabled: bool = spec_field(False, "give each client a simulated completion time; round_deadline_s is then simulated")
+    seconds_per_sample: float = spec_field(0.02, "compute seconds of the median device per training sample and epoch", gt=0)
+    uplink_mbps: float = spec_field(10.0, "upload bandwidth of the median device, megabits per second", gt=0)
+    speed_spread: float = spec_field(
+        0.5, "sigma of the log-normal spread of device compute speed and bandwidth across clients (0: all equal)", ge=0)
+
+
+@dataclass(frozen=True)
 class FederationSpec:
     clients: int = spec_field(10, "number of virtual clients N", ge=1)
     participation: float = spec_field(1.0, "fraction rho of clients sampled per round, max(1, round(rho*N))", gt=0, le=1)
@@ -79,6 +89,16 @@ class FederationSpec:
     dirichlet_alpha: float = spec_field(0.5, "single-label skew: per class, client shares ~ Dir(alpha)", gt=0)
     rounds: int = spec_field(5, "federated rounds", ge=1)
     eval_every: int = spec_field(1, "evaluate the global model every this many rounds (and after the last)", ge=1)
+    on_client_failure: Literal["drop", "retry"] = spec_field(
+        "drop", "a client update that fails (its worker died, it raised, or it hung past resources.round_timeout_s): "
+        "drop it from the round, or retry it (a dead worker is replaced either way)")
+    client_retries: int = spec_field(1, "on_client_failure=retry: attempts after the first", ge=0)
+    min_clients_per_round: int = spec_field(
+        1, "a round in which fewer client updates arrive than this fails loudly instead of aggregating", ge=1)
+    round_deadline_s: float | None = spec_field(
+        None, "updates arriving later than this are left out of the round: wall-clock seconds, "
+        "or simulated seconds when virtual_clock.enabled", gt=0)
+    virtual_clock: VirtualClockSpec = field(default_factory=lambda: VirtualClockSpec())
 
 
 @dataclass(frozen=True)

@@ -23,3 +23,11 @@ class ResourceError(FedvlpError):
 
 class RoundTimeoutError(FedvlpError):
     """A round did not finish within its timeout."""
+
+
+class RoundFailedError(FedvlpError):
+    """Fewer client updates arrived in a round than federation.min_clients_per_round."""
+
+
+class TrackingError(FedvlpError):
+    """The MLflow tracking store cannot be reached or opened."""

@@ -19,6 +19,7 @@ STREAMS = {
     "init": 7,        # trainable-module initialisation
     "missing": 8,     # missing modalities
     "aggregate": 9,   # per-round server aggregation that draws (Hungarian clustering)
+    "devices": 10,    # per-client device speed of the virtual clock
 }
 
 

@@ -32,12 +32,12 @@ class Coordinator:
     def global_state(self) -> dict[str, torch.Tensor]:
         return self.state
 
-    def client_states(self, client_ids: list[int]) -> dict[int, dict | None]:
-        return {cid: self.client_state.get(cid) for cid in client_ids}
+    def client_state_of(self, client_id: int) -> dict | None:
+        return self.client_state.get(client_id)
 
-    def aggregate(self, round_index: int, *worker_updates: list[dict]) -> dict:
-        """Combine the cohort's updates in sorted client-id order into the next global state."""
-        updates = sorted(itertools.chain.from_iterable(worker_updates), key=lambda u: u["client_id"])
+    def aggregate(self, round_index: int, *client_updates: dict) -> dict:
+        """Combine the updates that arrived, in sorted client-id order, into the next global state."""
+        updates = sorted(client_updates, key=lambda u: u["client_id"])
         sizes = [u["num_samples"] for u in updates]
         if not updates or sum(sizes) == 0:
             raise RuntimeError(f"round {round_index}: no client update carries data")

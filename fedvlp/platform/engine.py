@@ -9,8 +9,8 @@ It reads like the flow of DESIGN §2:
 from __future__ import annotations
 
 import os
+import sys
 import time
-from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -23,15 +23,16 @@ from fedvlp.backbones import backbone_id, load_backbone, prepare_backbone
 from fedvlp.backbones.clip import FEATURE_CHUNK
 from fedvlp.data import prepare_data
 from fedvlp.data.feature_cache import FeatureCache, array_digest, feature_key
-from fedvlp.errors import ConfigError, FedvlpError, ResourceError, RoundTimeoutError
+from fedvlp.errors import ConfigError, FedvlpError, ResourceError, RoundFailedError
 from fedvlp.methods import METHODS
 from fedvlp.methods.base import Task
+from fedvlp.platform.aggregation import state_nbytes
+from fedvlp.platform.clock import VirtualClock
 from fedvlp.platform.coordinator import Coordinator
 from fedvlp.platform.metrics import multilabel_metrics, single_label_metrics
+from fedvlp.platform.pool import WorkerPool, wait_all
 from fedvlp.platform.tracking import RunTracker
-from fedvlp.platform.worker import ClientWorker, build_method
-
-EVAL_BLOCK = 256  # test samples per block; blocks are spread over workers, fixed so scores never depend on P
+from fedvlp.platform.worker import build_method
 
 
 @dataclass
@@ -72,29 +73,28 @@ def run_federated(spec, *, progress: bool = True, on_round=None, tags: dict | No
     del method
 
     tracker = RunTracker(spec, tags=tags, run_id=resume["run_id"] if resume else None)
+    clock = _virtual_clock(spec, data, initial_state, resume)
     history: list[dict] = []
     started_ray = False
     placement, bundle_offset = None, 0
-    actors = []
+    coordinator = pool = None
     try:
         # 2. Place the coordinator and the worker pool; give the workers their clients' data.
         started_ray = ensure_ray()
         placement, bundle_offset = _reserve(spec)
         coordinator = Coordinator.options(
-            num_cpus=spec.resources.coordinator_cpus,
+            num_cpus=spec.resources.coordinator_cpus, name=f"fedvlp-{tracker.run_id}-coordinator",
             scheduling_strategy=PlacementGroupSchedulingStrategy(placement, placement_group_bundle_index=bundle_offset),
         ).remote(spec.seed, spec.federation.clients, spec.federation.participation, initial_state, rules,
                  rule_options, resume)
-        workers = _start_workers(spec, task, placement, bundle_offset)
-        actors = [coordinator, *workers]
-        worker_info = _wait([w.ready.remote() for w in workers], "start-up of the client workers",
-                            spec.resources.startup_timeout_s, "resources.startup_timeout_s")
-        home, cache_status = _attach_data(spec, data, workers, worker_info[0], say)
+        pool = WorkerPool(spec, task, placement, bundle_offset, name=f"fedvlp-{tracker.run_id}")
+        worker_info = pool.ready()
+        cache_status = _attach_data(spec, data, pool, worker_info[0], say)
         nodes = sorted({w["node_id"] for w in worker_info})
         tracker.set_tags({**cache_status, "nodes": ",".join(nodes)})
-        say(f"fedvlp: {len(workers)} workers ready on {len(nodes)} node(s); "
+        say(f"fedvlp: {len(pool.actors)} workers ready on {len(nodes)} node(s); "
             f"{spec.federation.clients} clients, MLflow run {tracker.run_id}")
-        evaluate = lambda: _evaluate(spec, workers, coordinator.global_state.remote(), data.test_labels, task)  # noqa: E731
+        evaluate = lambda: _evaluate(pool, coordinator.global_state.remote(), data.test_labels, task)  # noqa: E731
         checkpoint = Path(spec.output_dir).resolve() / tracker.run_id / "checkpoint.pt"
         tracker.set_tags({"checkpoint": str(checkpoint)})
 
@@ -110,12 +110,15 @@ def run_federated(spec, *, progress: bool = True, on_round=None, tags: dict | No
             say(f"round 0/{spec.federation.rounds}  " + _headline(initial) + "  (before training)")
         for round_index in range(first_round, spec.federation.rounds + 1):
             tic = time.perf_counter()
-            metrics = _train_round(spec, round_index, coordinator, workers, home)
+            metrics, failures = _train_round(spec, round_index, coordinator, pool, clock)
+            if failures:
+                tracker.set_tags({f"failure.round{round_index}.client{cid}": cause[:5000] for cid, cause in failures})
             if round_index % spec.federation.eval_every == 0 or round_index == spec.federation.rounds:
                 final = evaluate()
                 metrics.update(_prefixed(final, "test_"))
-            save_checkpoint(checkpoint, {**ray.get(coordinator.snapshot.remote()),
-                                         "run_id": tracker.run_id, "initial": initial, "final": final})
+            save_checkpoint(checkpoint, {**ray.get(coordinator.snapshot.remote()), "run_id": tracker.run_id,
+                                         "initial": initial, "final": final,
+                                         "virtual_clock_seconds": clock.elapsed if clock else 0.0})
             metrics["round_seconds"] = time.perf_counter() - tic
             timings = metrics.pop("timings")
             tracker.log_metrics(round_index, metrics)
@@ -144,29 +147,116 @@ def run_federated(spec, *, progress: bool = True, on_round=None, tags: dict | No
         tracker.end("FAILED")
         raise
     finally:
-        for actor in actors:
-            ray.kill(actor)
+        if pool is not None:
+            pool.kill()
+        if coordinator is not None:
+            ray.kill(coordinator)
         if placement is not None and bundle_offset == 0 and ray.is_initialized():
             remove_placement_group(placement)
         if started_ray:
             ray.shutdown()
 
 
-def _train_round(spec, round_index: int, coordinator, workers, home) -> dict:
-    """One round of local updates on the cohort, aggregated by the coordinator; returns its metrics."""
-    cohort = ray.get(coordinator.sample_cohort.remote(round_index))
+def _train_round(spec, round_index: int, coordinator, pool: WorkerPool, clock: VirtualClock | None):
+    """One round of local updates on the cohort, aggregated by the coordinator: (its metrics, its failures)."""
+    federation = spec.federation
+    sampled = ray.get(coordinator.sample_cohort.remote(round_index))
+    cohort, late, metrics = sampled, [], {}
+    if clock is not None:  # stragglers are known from the simulated clock before any work: they are not trained
+        cohort, late, simulated = clock.run_round(sampled, federation.round_deadline_s)
+        metrics.update(virtual_round_seconds=simulated, virtual_clock_seconds=clock.elapsed)
+    arrived, failures, late_now, replaced = _collect_updates(spec, round_index, cohort, coordinator, pool)
+    late += late_now
+    if len(arrived) < federation.min_clients_per_round:
+        why = "; ".join(f"client {cid}: {cause}" for cid, cause in failures[:3])
+        raise RoundFailedError(
+            f"round {round_index}: {len(arrived)} of {len(sampled)} client updates arrived "
+            f"({len(failures)} failed, {len(late)} late), below federation.min_clients_per_round="
+            f"{federation.min_clients_per_round}" + (f" ({why})" if why else ""))
+    summary = wait_all([coordinator.aggregate.remote(round_index, *arrived)], f"round {round_index} aggregation",
+                       spec.resources.round_timeout_s)[0]
+    metrics.update(train_loss=summary["train_loss"], bytes_up=summary["bytes_up"], bytes_down=summary["bytes_down"],
+                   clients=len(summary["clients"]), failed_clients=len(failures), late_clients=len(late),
+                   replaced_workers=replaced, timings=summary["timings"])
+    return metrics, failures
+
+
+def _collect_updates(spec, round_index: int, cohort: list[int], coordinator, pool: WorkerPool):
+    """Run the cohort's local updates, one task per client on its home worker.
+
+    Returns (the update refs that arrived, in client order; failures as (client, cause); late
+    clients; workers replaced). A failed update (its worker died, it raised) is dropped or
+    retried per `federation.on_client_failure`; a dead worker is replaced first. Updates still
+    out at the wall-clock `round_deadline_s` are late and left out; at `round_timeout_s` they are
+    hung: dropped, and their workers replaced.
+    """
+    federation = spec.federation
     state_ref = coordinator.global_state.remote()  # put once; every worker resolves the same ref
-    by_worker = defaultdict(list)
+    start = time.time()
+    give_up = start + spec.resources.round_timeout_s
+    deadline = None
+    if federation.round_deadline_s is not None and not federation.virtual_clock.enabled:
+        deadline = min(start + federation.round_deadline_s, give_up)
+    pending, attempts = {}, {cid: 0 for cid in cohort}
+
+    def submit(cid: int) -> None:
+        status, update, actor = pool.submit(round_index, cid, state_ref, coordinator.client_state_of.remote(cid),
+                                            deadline)
+        pending[status] = (cid, update, actor)
+
     for cid in cohort:
-        by_worker[home[cid]].append(cid)
-    update_refs = [workers[w].train.remote(round_index, cids, state_ref, coordinator.client_states.remote(cids))
-                   for w, cids in sorted(by_worker.items())]
-    timeout = spec.resources.round_timeout_s
-    _wait(update_refs, f"round {round_index} (clients {cohort})", timeout, fetch=False)
-    summary = _wait([coordinator.aggregate.remote(round_index, *update_refs)],
-                    f"round {round_index} aggregation", timeout)[0]
-    return {"train_loss": summary["train_loss"], "bytes_up": summary["bytes_up"],
-            "bytes_down": summary["bytes_down"], "clients": len(summary["clients"]), "timings": summary["timings"]}
+        submit(cid)
+    arrived, failures, late, replaced = {}, [], [], 0
+    while pending:
+        done, _ = ray.wait(list(pending), num_returns=1, timeout=max(0.0, (deadline or give_up) - time.time()))
+        if not done:
+            break
+        cid, update, actor = pending.pop(done[0])
+        try:
+            if ray.get(done[0])["late"]:
+                late.append(cid)
+            else:
+                arrived[cid] = update
+            continue
+        except ray.exceptions.RayActorError as exc:
+            cause = f"worker {pool.home[cid]} died ({_first_line(exc)})"
+            replaced += pool.replace(pool.home[cid], actor)
+        except ray.exceptions.RayError as exc:
+            cause = _first_line(getattr(exc, "cause", None) or exc)
+        retry = federation.on_client_failure == "retry" and attempts[cid] < federation.client_retries
+        _warn(f"fedvlp: round {round_index}: client {cid} failed: {cause}; " + ("retrying" if retry else "dropped"))
+        failures.append((cid, cause))
+        if retry:
+            attempts[cid] += 1
+            submit(cid)
+    hung = deadline is None or deadline >= give_up  # the wait above ended at the round timeout, not the deadline
+    for cid, _, actor in pending.values():
+        if not hung:  # the deadline passed first: late, and the worker goes on
+            late.append(cid)
+            continue
+        cause = f"no update within resources.round_timeout_s={spec.resources.round_timeout_s:g} s"
+        _warn(f"fedvlp: round {round_index}: client {cid} failed: {cause}; dropped")
+        failures.append((cid, cause))
+        if len(arrived) >= federation.min_clients_per_round:  # else the round fails: no use replacing
+            replaced += pool.replace(pool.home[cid], actor)
+    return [arrived[cid] for cid in sorted(arrived)], failures, late, replaced
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0] if text else ''}"[:500]
+
+
+def _warn(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def _virtual_clock(spec, data, initial_state: dict, resume: dict | None) -> VirtualClock | None:
+    if not spec.federation.virtual_clock.enabled:
+        return None
+    return VirtualClock(spec.federation.virtual_clock, spec.seed, [len(p) for p in data.parts],
+                        getattr(spec.method.params, "local_epochs", 0), state_nbytes(initial_state),
+                        elapsed=resume.get("virtual_clock_seconds", 0.0) if resume else 0.0)
 
 
 def save_checkpoint(path: Path, checkpoint: dict) -> None:
@@ -250,17 +340,6 @@ def _reserve(spec):
     return group, 0
 
 
-def _start_workers(spec, task, group, offset):
-    """P workers, each in its own bundle of the run's placement group."""
-    return [
-        ClientWorker.options(
-            num_cpus=spec.resources.num_cpus, num_gpus=spec.resources.num_gpus,
-            scheduling_strategy=PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=offset + 1 + w),
-        ).remote(spec, w, task)
-        for w in range(spec.resources.workers)
-    ]
-
-
 def _feature_sets(data, feature_kind: str) -> list[tuple[str, object, np.ndarray | None]]:
     """What the workers encode: (name, split, missing table). The training split; the test split
     once, or, for image+text methods, once per evaluation set of DESIGN §4 ("test" is the
@@ -277,7 +356,7 @@ def _eval_set_name(name: str) -> str:
     return "test" if name == "train_setting" else f"test_{name}"
 
 
-def _frozen_features(spec, data, workers, worker: dict, say) -> tuple[dict[str, np.ndarray], dict[str, str]]:
+def _frozen_features(spec, data, workers: list, worker: dict, say) -> tuple[dict[str, np.ndarray], dict[str, str]]:
     """Frozen features of every set to encode: from the on-disk cache, else encoded by the workers in parallel.
 
     Samples are encoded in fixed chunks, so a feature never depends on which worker computed it.
@@ -296,7 +375,7 @@ def _frozen_features(spec, data, workers, worker: dict, say) -> tuple[dict[str, 
             source = ray.put((split.images, split.texts, table))
             chunks = [(s, min(s + FEATURE_CHUNK, len(split))) for s in range(0, len(split), FEATURE_CHUNK)]
             refs = [w.encode.remote(source, chunks[i :: len(workers)]) for i, w in enumerate(workers)]
-            blocks = [b for per_worker in _wait(refs, f"encoding {name} features", spec.resources.startup_timeout_s,
+            blocks = [b for per_worker in wait_all(refs, f"encoding {name} features", spec.resources.startup_timeout_s,
                                                 "resources.startup_timeout_s") for b in per_worker]
             features = np.concatenate([f for _, f in sorted(blocks, key=lambda b: b[0])])
             if cache is not None:
@@ -306,44 +385,26 @@ def _frozen_features(spec, data, workers, worker: dict, say) -> tuple[dict[str, 
     return out, status
 
 
-def _attach_data(spec, data, workers, worker: dict, say) -> tuple[dict[int, int], dict[str, str]]:
-    """Give every worker its clients' features and labels; client k lives on worker k mod P (its home)."""
-    features, cache_status = _frozen_features(spec, data, workers, worker, say)
-    num_workers = len(workers)
-    home = {cid: cid % num_workers for cid in range(len(data.parts))}
+def _attach_data(spec, data, pool: WorkerPool, worker: dict, say) -> dict[str, str]:
+    """Give every worker its clients' features and labels, and its share of the test blocks."""
+    features, cache_status = _frozen_features(spec, data, pool.actors, worker, say)
     missing = {"train": data.train_missing} if data.eval_missing is not None else {}
     missing.update({_eval_set_name(name): table for name, table in (data.eval_missing or {}).items()})
     train_ref = ray.put((features.pop("train"), data.train_labels, missing.pop("train", None)))
     test_ref = ray.put({name: (f, missing.get(name)) for name, f in features.items()})
-    num_test = len(data.test_labels)
-    blocks = [(s, min(s + EVAL_BLOCK, num_test)) for s in range(0, num_test, EVAL_BLOCK)]
-    refs = [w.attach.remote(train_ref, {c: data.parts[c] for c in home if home[c] == i}, test_ref, blocks[i::num_workers])
-            for i, w in enumerate(workers)]
-    _wait(refs, "loading client data", spec.resources.startup_timeout_s, "resources.startup_timeout_s")
-    return home, cache_status
-
-
-def _wait(refs, what: str, timeout: float, knob: str = "resources.round_timeout_s", fetch: bool = True):
-    """Wait for all refs within the timeout, or fail loudly naming what is late."""
-    done, pending = ray.wait(refs, num_returns=len(refs), timeout=timeout)
-    if pending:
-        raise RoundTimeoutError(
-            f"{what}: {len(pending)} of {len(refs)} tasks unfinished after {knob}={timeout:g} s "
-            f"(a hung client, or actors that cannot be placed: available {ray.available_resources()})"
-        )
-    return ray.get(refs) if fetch else None
+    pool.attach(train_ref, data.parts, test_ref, len(data.test_labels))
+    return cache_status
 
 
 # ---------------------------------------------------------------- evaluation and output
 
-def _evaluate(spec, workers, state_ref, labels: np.ndarray, task) -> dict[str, float]:
+def _evaluate(pool: WorkerPool, state_ref, labels: np.ndarray, task) -> dict[str, float]:
     """Score every test set sharded over the workers; compute the metrics centrally.
 
     The metrics of the main test set are unprefixed ("mAP", "accuracy"); those of the other
     evaluation sets (image+text data) carry the set's name ("full_accuracy", "text_only_macro_f1").
     """
-    refs = [w.evaluate.remote(state_ref) for w in workers]
-    per_worker = _wait(refs, "evaluation", spec.resources.round_timeout_s)
+    per_worker = pool.evaluate(state_ref)
     metrics = {}
     for name in per_worker[0]:
         blocks = sorted((b for scores in per_worker for b in scores[name]), key=lambda b: b[0])

@@ -3,38 +3,89 @@
 One run = one MLflow run: params are the flattened config, tags name the method and dataset,
 metrics are stepped by round, and the resolved config and final metrics are artifacts. The run
 is always ended: FINISHED, FAILED on an error, KILLED on Ctrl-C; never left RUNNING.
+
+A store that cannot be reached when a command starts is a one-line `TrackingError` before any
+other work (`check_tracking_store`). A store that stops answering mid-run loses nothing: the
+run goes on and its tracking continues in a local file (`RunTracker`).
 """
 from __future__ import annotations
 
 import json
 import logging
 import os
+import socket
+import sys
 import time
+from pathlib import Path
+from urllib.parse import urlparse
 
 import yaml
 
-from fedvlp.errors import FedvlpError
+from fedvlp.errors import FedvlpError, TrackingError
 from fedvlp.paths import default_tracking_uri
 
 os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
 logging.getLogger("alembic").setLevel(logging.WARNING)
+logging.getLogger("mlflow.store.db.utils").setLevel(logging.WARNING)  # "Creating initial MLflow database tables..."
+
+CONNECT_TIMEOUT_S = 5.0
+FALLBACK_FILE = "tracking-fallback.jsonl"
+
+
+def _reason(exc: BaseException) -> str:
+    """The first line of an exception, for a one-line message."""
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0][:200]}" if text else type(exc).__name__
+
+
+def check_tracking_store(uri: str, source: str = "tracking.uri") -> None:
+    """Fail fast, in one line naming `source`, on a store that cannot work: an HTTP server that does
+    not accept connections (MLflow itself retries one for minutes) or a sqlite file in a missing directory."""
+    parsed = urlparse(uri)
+    if parsed.scheme in ("http", "https"):
+        try:
+            host, port = parsed.hostname, parsed.port or (443 if parsed.scheme == "https" else 80)
+        except ValueError:  # a port that is not a number
+            host = port = None
+        if not host or not port:
+            raise TrackingError(f"{source}: {uri} is not a valid URL; expected http(s)://HOST:PORT of an MLflow server")
+        try:
+            socket.create_connection((host, port), timeout=CONNECT_TIMEOUT_S).close()
+        except OSError as exc:
+            reason = exc.strerror or type(exc).__name__
+            raise TrackingError(
+                f"{source}: cannot reach the MLflow server at {uri} ({reason}); expected a running server "
+                f"(mlflow server --host {host} --port {port}), or leave it unset for the local ./mlflow.db") from None
+    elif parsed.scheme == "sqlite":
+        path = uri[len("sqlite:///"):]
+        if path and path != ":memory:" and not Path(path).parent.is_dir():
+            raise TrackingError(f"{source}: {uri}: no directory {Path(path).parent}; "
+                                f"expected the sqlite file in an existing directory")
 
 
 def open_experiment(uri: str, name: str):
     """(client, experiment id) of experiment `name` in the store at `uri`, created if new."""
     from mlflow import MlflowClient
 
+    check_tracking_store(uri)
     try:
         client = MlflowClient(tracking_uri=uri)
         experiment = client.get_experiment_by_name(name)
         return client, experiment.experiment_id if experiment else client.create_experiment(name)
     except Exception as exc:
-        first = str(exc).splitlines()[0][:200] if str(exc) else ""
-        raise FedvlpError(f"tracking.uri: cannot open MLflow store {uri} ({type(exc).__name__}: {first})") from None
+        raise TrackingError(f"tracking.uri: cannot open MLflow store {uri} ({_reason(exc)})") from None
 
 
 class RunTracker:
-    """Opens a new MLflow run for `spec`, or reopens `run_id` to continue a resumed run."""
+    """Opens a new MLflow run for `spec`, or reopens `run_id` to continue a resumed run.
+
+    If the store fails after the run is open (the server died, the disk filled), the run goes on
+    unharmed: everything this tracker has logged -- config, tags, metrics by round, JSON artifacts
+    and, at the end, the status -- is written to `<output_dir>/<run id>/tracking-fallback.jsonl`
+    (one JSON object per line), and so is everything after. stderr says where, once when it
+    happens and again at the end. A dead HTTP server is noticed after MLflow's own retries
+    ($MLFLOW_HTTP_REQUEST_MAX_RETRIES, $MLFLOW_HTTP_REQUEST_TIMEOUT).
+    """
 
     def __init__(self, spec, tags: dict[str, str] | None = None, run_id: str | None = None):
         from mlflow.entities import Metric, Param, RunTag
@@ -42,33 +93,78 @@ class RunTracker:
         self._Metric, self._Param, self._RunTag = Metric, Param, RunTag
         self.uri = spec.tracking.uri or default_tracking_uri()
         self.client, self.experiment_id = open_experiment(self.uri, spec.tracking.experiment)
-        if run_id is not None:
-            self.run = self.client.get_run(run_id)
-            self.run_id = run_id
-            self.client.update_run(run_id, status="RUNNING")
-            return
         run_tags = {"method": spec.method.name, "dataset": spec.data.name, **(tags or {})}
-        run_name = spec.tracking.run_name or f"{spec.method.name}-{spec.data.name}"
-        self.run = self.client.create_run(self.experiment_id, run_name=run_name, tags=run_tags)
-        self.run_id = self.run.info.run_id
+        resumed = run_id is not None
+        try:
+            if not resumed:
+                run_name = spec.tracking.run_name or f"{spec.method.name}-{spec.data.name}"
+                run_id = self.client.create_run(self.experiment_id, run_name=run_name, tags=run_tags).info.run_id
+            else:
+                self.client.update_run(run_id, status="RUNNING")
+        except Exception as exc:
+            raise TrackingError(f"tracking.uri: cannot open a run in MLflow store {self.uri} ({_reason(exc)})") from None
+        self.run_id = run_id
+        self.fallback_path = Path(spec.output_dir).resolve() / run_id / FALLBACK_FILE
+        self.offline = False  # True once the store failed: from then on, the fallback file only
+        self._journal: list[dict] = []  # everything logged, so the fallback file is the run's whole record
+        config = spec.to_dict()
+        opened = {"event": "run", "run_id": run_id, "tracking_uri": self.uri, "experiment": spec.tracking.experiment,
+                  "resumed": resumed, "tags": run_tags, "config": config}
+        # A resumed run has its params and config already.
+        self._record(opened, (lambda: None) if resumed else (lambda: self._log_config(spec, config)))
+
+    def _log_config(self, spec, config: dict) -> None:
         params = [self._Param(k, str(v)[:6000]) for k, v in sorted(spec.flat().items())]
         for i in range(0, len(params), 100):  # MLflow takes at most 100 params per batch
             self.client.log_batch(self.run_id, params=params[i : i + 100])
-        self.client.log_text(self.run_id, yaml.safe_dump(spec.to_dict(), sort_keys=False), "config.yaml")
+        self.client.log_text(self.run_id, yaml.safe_dump(config, sort_keys=False), "config.yaml")
 
     def log_metrics(self, step: int, metrics: dict[str, float]) -> None:
         now = int(time.time() * 1000)
-        batch = [self._Metric(k, float(v), now, step) for k, v in metrics.items()]
-        self.client.log_batch(self.run_id, metrics=batch)
+        values = {k: float(v) for k, v in metrics.items()}
+        batch = [self._Metric(k, v, now, step) for k, v in values.items()]
+        self._record({"event": "metrics", "step": step, "timestamp": now, "metrics": values},
+                     lambda: self.client.log_batch(self.run_id, metrics=batch))
 
     def set_tags(self, tags: dict[str, str]) -> None:
-        self.client.log_batch(self.run_id, tags=[self._RunTag(k, str(v)) for k, v in tags.items()])
+        tags = {k: str(v) for k, v in tags.items()}
+        self._record({"event": "tags", "tags": tags},
+                     lambda: self.client.log_batch(self.run_id, tags=[self._RunTag(k, v) for k, v in tags.items()]))
 
     def log_json(self, obj, name: str) -> None:
-        self.client.log_text(self.run_id, json.dumps(obj, indent=2, sort_keys=True), name)
+        self._record({"event": "artifact", "name": name, "content": obj},
+                     lambda: self.client.log_text(self.run_id, json.dumps(obj, indent=2, sort_keys=True), name))
 
     def end(self, status: str = "FINISHED") -> None:
-        self.client.set_terminated(self.run_id, status)
+        self._record({"event": "end", "status": status}, lambda: self.client.set_terminated(self.run_id, status))
+        if self.offline:
+            _warn(f"fedvlp: warning: run {self.run_id} ended {status}; MLflow at {self.uri} was unreachable, "
+                  f"so its tracking is in {self.fallback_path}")
+
+    def _record(self, entry: dict, send) -> None:
+        """`send` the entry to MLflow; if MLflow fails, or failed before, write it to the fallback file."""
+        self._journal.append(entry)
+        if not self.offline:
+            try:
+                send()
+                return
+            except Exception as exc:
+                self.offline = True
+                _warn(f"fedvlp: warning: MLflow at {self.uri} failed ({_reason(exc)}); run {self.run_id} goes on, "
+                      f"tracked in {self.fallback_path} from now on")
+                self._append(self._journal)
+                return
+        self._append([entry])
+
+    def _append(self, entries: list[dict]) -> None:
+        self.fallback_path.parent.mkdir(parents=True, exist_ok=True)
+        with self.fallback_path.open("a") as file:
+            for entry in entries:
+                file.write(json.dumps(entry, default=str) + "\n")
+
+
+def _warn(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
 
 
 def resumable_run(run_id: str, tracking_uri: str | None = None):
@@ -81,7 +177,7 @@ def resumable_run(run_id: str, tracking_uri: str | None = None):
     client = MlflowClient(tracking_uri=uri)
     try:
         run = client.get_run(run_id)
-        raw = yaml.safe_load(client.download_artifacts(run_id, "config.yaml"))
+        raw = yaml.safe_load(Path(client.download_artifacts(run_id, "config.yaml")).read_text())
     except Exception as exc:
         raise FedvlpError(f"--resume {run_id}: no such run with a config.yaml in {uri} ({type(exc).__name__})") from None
     if "checkpoint" not in run.data.tags:

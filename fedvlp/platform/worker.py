@@ -38,6 +38,7 @@ class ClientWorker:
         self.method = build_method(spec, self.backbone, task).to(self.device)
         self.clients: dict[int, ClientData] = {}
         self.test_blocks: dict[str, list[tuple[int, object]]] = {}
+        self.faults: dict[tuple[int, int], tuple] = {}  # (round, client) -> injected fault (`inject_fault`)
 
     def ready(self) -> dict:
         return {"index": self.index, "pid": os.getpid(), "node_id": ray.get_runtime_context().get_node_id(),
@@ -90,20 +91,45 @@ class ClientWorker:
         }
         return sorted(self.clients)
 
-    def train(self, round_index: int, client_ids: list[int], global_state: dict, client_states: dict) -> list[dict]:
-        updates = []
-        for cid in client_ids:
-            started = time.time()
-            self.method.load(_to(global_state, self.device), _to(client_states.get(cid), self.device))
-            stats = self.method.local_update(self.clients[cid], torch_generator(self.spec.seed, "client", round_index, cid))
-            updates.append({
-                "client_id": cid,
-                "num_samples": len(self.clients[cid]),
-                "global": _to(self.method.global_state(), "cpu"),
-                "local": _to(self.method.local_state(), "cpu"),
-                "worker": self.index, "started": started, "finished": time.time(), **stats,
-            })
-        return updates
+    @ray.method(num_returns=2)
+    def train_client(self, round_index: int, client_id: int, global_state: dict, client_state: dict | None,
+                     deadline: float | None = None) -> tuple[dict, dict | None]:
+        """One client's local update: (a small status for the driver, the update for the coordinator).
+
+        A client whose turn comes after the round's wall-clock deadline is skipped: its update
+        would be left out anyway.
+        """
+        if deadline is not None and time.time() > deadline:
+            return {"client_id": client_id, "late": True}, None
+        self._injected_fault(round_index, client_id)
+        started = time.time()
+        self.method.load(_to(global_state, self.device), _to(client_state, self.device))
+        data = self.clients[client_id]
+        stats = self.method.local_update(data, torch_generator(self.spec.seed, "client", round_index, client_id))
+        update = {
+            "client_id": client_id,
+            "num_samples": len(data),
+            "global": _to(self.method.global_state(), "cpu"),
+            "local": _to(self.method.local_state(), "cpu"),
+            "worker": self.index, "started": started, "finished": time.time(), **stats,
+        }
+        return {"client_id": client_id, "late": False}, update
+
+    def inject_fault(self, round_index: int, client_id: int, kind: str, seconds: float = 1e6) -> None:
+        """Fault drills: this client's next update in that round raises, kills this worker's process
+        ("exit"), or hangs for `seconds` ("hang") before it goes on; once."""
+        if kind not in ("raise", "exit", "hang"):
+            raise ValueError(f"inject_fault: kind must be raise, exit or hang, got {kind!r}")
+        self.faults[(round_index, client_id)] = (kind, seconds)
+
+    def _injected_fault(self, round_index: int, client_id: int) -> None:
+        kind, seconds = self.faults.pop((round_index, client_id), (None, 0))
+        if kind == "raise":
+            raise RuntimeError(f"injected fault in client {client_id}, round {round_index}")
+        if kind == "exit":
+            os._exit(1)
+        if kind == "hang":
+            time.sleep(seconds)
 
     def evaluate(self, global_state: dict) -> dict[str, list[tuple[int, np.ndarray]]]:
         """Logits of this worker's test blocks of every evaluation set under the global model."""

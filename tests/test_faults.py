@@ -1,0 +1,189 @@
+"""Client faults and stragglers on real Ray actors: killed workers, crashed processes, raising clients,
+wall-clock deadlines, the simulated device clock, and a driver killed mid-run then resumed bitwise."""
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+import ray
+import torch
+from mlflow import MlflowClient
+
+from conftest import small_run
+from fedvlp.config import load_spec
+from fedvlp.errors import RoundFailedError
+from fedvlp.platform.clock import VirtualClock
+from fedvlp.platform.engine import run_federated
+
+pytestmark = pytest.mark.usefixtures("tiny_clip")
+
+# 4 clients on 2 workers: client k lives on worker k mod 2
+FOUR_CLIENTS = ("federation.participation=1.0", "method.local_epochs=1", "resources.round_timeout_s=120")
+
+
+def fault_in_round(fault_round: int, worker: int, client: int, kind: str, seconds: float = 1e6,
+                   kill_after_s: float | None = None):
+    """An on_round callback that, after the round before `fault_round`, arms a fault on a live worker
+    (and optionally ray.kill()s that worker a little later, while the round runs)."""
+    def on_round(round_index, metrics, checkpoint):
+        if round_index == fault_round - 1:
+            actor = ray.get_actor(f"fedvlp-{checkpoint.parent.name}-worker-{worker}")
+            ray.get(actor.inject_fault.remote(fault_round, client, kind, seconds))
+            if kill_after_s is not None:
+                threading.Timer(kill_after_s, ray.kill, [actor]).start()
+    return on_round
+
+
+def _run(tracking_uri, run_id):
+    return MlflowClient(tracking_uri).get_run(run_id)
+
+
+def test_a_worker_killed_mid_round_is_replaced_and_the_retried_run_matches_a_fault_free_one(
+        ray_cluster, tracking_uri, tmp_path, capfd):
+    spec = small_run(tracking_uri, tmp_path, *FOUR_CLIENTS, "federation.on_client_failure=retry")
+    clean = run_federated(spec, progress=False)
+    # client 0 hangs in round 2 on worker 0, which is killed 1 s into the round
+    faulty = run_federated(spec, progress=False, on_round=fault_in_round(2, 0, 0, "hang", kill_after_s=1.0))
+    second = faulty.history[1]
+    assert second["replaced_workers"] == 1 and second["failed_clients"] >= 1 and second["clients"] == 4
+    # every retried client trains from its own (seed, round, client) stream: the result is unchanged
+    assert faulty.final == clean.final
+    assert all(torch.equal(faulty.final_state[k], clean.final_state[k]) for k in clean.final_state)
+    run = _run(tracking_uri, faulty.run_id)
+    assert run.info.status == "FINISHED"
+    assert "died" in run.data.tags["failure.round2.client0"]
+    assert run.data.metrics["failed_clients"] == second["failed_clients"]
+    assert "round 2: client 0 failed: worker 0 died" in capfd.readouterr().err
+
+
+def test_a_client_that_raises_is_dropped_and_its_cause_logged(ray_cluster, tracking_uri, tmp_path, capfd):
+    spec = small_run(tracking_uri, tmp_path, *FOUR_CLIENTS, "federation.rounds=2")
+    result = run_federated(spec, progress=False, on_round=fault_in_round(2, 1, 1, "raise"))
+    assert [h["clients"] for h in result.history] == [4, 3]
+    assert [h["failed_clients"] for h in result.history] == [0, 1]
+    run = _run(tracking_uri, result.run_id)
+    assert run.info.status == "FINISHED"
+    assert run.data.tags["failure.round2.client1"] == "RuntimeError: injected fault in client 1, round 2"
+    assert "round 2: client 1 failed: RuntimeError: injected fault in client 1, round 2; dropped" in capfd.readouterr().err
+
+
+def test_a_crashed_worker_process_is_replaced_and_its_clients_move_to_the_replacement(
+        ray_cluster, tracking_uri, tmp_path):
+    spec = small_run(tracking_uri, tmp_path, *FOUR_CLIENTS, "federation.rounds=3")
+    result = run_federated(spec, progress=False, on_round=fault_in_round(2, 0, 0, "exit"))
+    crashed, after = result.history[1], result.history[2]
+    assert crashed["replaced_workers"] == 1
+    assert crashed["clients"] == 4 - crashed["failed_clients"] and crashed["failed_clients"] in (1, 2)
+    assert after["clients"] == 4 and after["failed_clients"] == 0  # clients 0 and 2 train on the replacement
+    assert {w for _, w, _, _ in after["timings"]} == {0, 1}
+
+
+def test_a_round_below_min_clients_fails_loudly_and_the_run_is_marked_failed(ray_cluster, tracking_uri, tmp_path):
+    spec = small_run(tracking_uri, tmp_path, *FOUR_CLIENTS, "federation.min_clients_per_round=4")
+    with pytest.raises(RoundFailedError, match=r"round 2: 3 of 4 client updates arrived \(1 failed, 0 late\), below "
+                                               r"federation\.min_clients_per_round=4 \(client 3: RuntimeError"):
+        run_federated(spec, progress=False, on_round=fault_in_round(2, 1, 3, "raise"))
+    client = MlflowClient(tracking_uri)
+    (run,) = client.search_runs([e.experiment_id for e in client.search_experiments()])
+    assert run.info.status == "FAILED" and "min_clients_per_round" in run.data.tags["error"]
+
+
+def test_updates_after_the_wall_clock_deadline_are_left_out(ray_cluster, tracking_uri, tmp_path):
+    spec = small_run(tracking_uri, tmp_path, *FOUR_CLIENTS, "federation.round_deadline_s=3")
+    # client 0 stalls 6 s in round 2; client 2 waits behind it on worker 0: both miss the deadline
+    result = run_federated(spec, progress=False, on_round=fault_in_round(2, 0, 0, "hang", seconds=6))
+    assert [h["late_clients"] for h in result.history] == [0, 2]
+    assert [h["clients"] for h in result.history] == [4, 2]
+    assert result.history[1]["failed_clients"] == 0
+    assert _run(tracking_uri, result.run_id).data.metrics["late_clients"] == 2
+
+
+def test_the_virtual_clock_by_hand():
+    from types import SimpleNamespace
+
+    even = SimpleNamespace(seconds_per_sample=0.01, uplink_mbps=8.0, speed_spread=0.0)
+    clock = VirtualClock(even, seed=0, client_sizes=[100, 300], local_epochs=2, update_bytes=1_000_000)
+    # 100 samples x 2 epochs x 0.01 s + 1 MB x 8 bit / 8 Mbit/s = 2 + 1 s
+    assert clock.client_seconds(0) == pytest.approx(3.0) and clock.client_seconds(1) == pytest.approx(7.0)
+    assert clock.run_round([0, 1], deadline=5.0) == ([0], [1], 5.0)  # the server waits out the deadline
+    assert clock.run_round([0, 1], deadline=None) == ([0, 1], [], pytest.approx(7.0))
+    assert clock.elapsed == pytest.approx(12.0)
+    spread = VirtualClock(SimpleNamespace(seconds_per_sample=0.01, uplink_mbps=8.0, speed_spread=1.0), 0, [100] * 50,
+                          2, 0)
+    speeds = [spread.device(c)[0] for c in range(50)]
+    assert len(set(speeds)) == 50 and speeds == [spread.device(c)[0] for c in range(50)]  # per client, seeded
+    assert spread.client_seconds(7) == pytest.approx(2.0 / speeds[7])
+
+
+def test_the_virtual_clock_leaves_out_slow_devices_reproducibly(ray_cluster, tracking_uri, tmp_path):
+    spec = small_run(tracking_uri, tmp_path, *FOUR_CLIENTS, "federation.virtual_clock.enabled=true",
+                     "federation.virtual_clock.speed_spread=1.0", "federation.round_deadline_s=6")
+    one = run_federated(spec, progress=False)
+    two = run_federated(spec, progress=False)
+    assert one.final == two.final
+    # the same late clients the clock predicts: 250 samples x 1 epoch x 0.02 s / speed + upload
+    from fedvlp.data import prepare_data
+
+    sizes = [len(p) for p in prepare_data(spec).parts]
+    clock = VirtualClock(spec.federation.virtual_clock, 0, sizes, 1, 0)
+    expected_late = [c for c in range(4) if clock.client_seconds(c) > 6]
+    assert 0 < len(expected_late) < 4, [clock.client_seconds(c) for c in range(4)]
+    assert [h["late_clients"] for h in one.history] == [len(expected_late)] * 2
+    assert [h["clients"] for h in one.history] == [4 - len(expected_late)] * 2
+    assert one.history[-1]["virtual_clock_seconds"] == pytest.approx(12.0)  # two rounds cut at the deadline
+
+
+# ---------------------------------------------------------------- the driver killed mid-run
+
+def _fedvlp(tmp_path, env, *args, **kwargs):
+    return subprocess.Popen([sys.executable, "-m", "fedvlp", *args], cwd=tmp_path, env=env, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True, **kwargs)
+
+
+def test_a_killed_driver_resumes_bitwise_in_the_same_mlflow_run(tmp_path):
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    env = {**os.environ, "MLFLOW_TRACKING_URI": uri, "PYTHONUNBUFFERED": "1"}
+    overrides = ["data.num_train=1000", "data.num_test=256", "federation.clients=4", "federation.rounds=3",
+                 "federation.participation=0.5", "method.local_epochs=1", f"output_dir={tmp_path / 'runs'}"]
+    args = ["run", *[a for o in overrides for a in ("--set", o)]]
+
+    first = _fedvlp(tmp_path, env, *args)
+    deadline = time.time() + 600
+    lines = []
+    for line in first.stdout:  # kill -9 the driver (and its local Ray) right after round 2 is logged
+        lines.append(line)
+        if line.startswith("round 2/3"):
+            os.killpg(first.pid, signal.SIGKILL)
+            break
+        assert time.time() < deadline, "".join(lines)
+    first.wait()
+    client = MlflowClient(uri)
+    (killed,) = client.search_runs([e.experiment_id for e in client.search_experiments()])
+    assert killed.info.status == "RUNNING"  # kill -9 gives no chance to end it; --resume will
+    time.sleep(2)
+
+    resumed = _fedvlp(tmp_path, env, "run", "--resume", killed.info.run_id)
+    out, _ = resumed.communicate(timeout=600)
+    assert resumed.returncode == 0, out[-3000:]
+    assert "resuming after round" in out
+    whole = subprocess.run([sys.executable, "-m", "fedvlp", *args], cwd=tmp_path, env=env, capture_output=True,
+                           text=True, timeout=600)
+    assert whole.returncode == 0, whole.stderr[-3000:]
+
+    runs = {r.info.run_id: r for r in client.search_runs([e.experiment_id for e in client.search_experiments()])}
+    assert len(runs) == 2 and {r.info.status for r in runs.values()} == {"FINISHED"}
+    (whole_id,) = set(runs) - {killed.info.run_id}
+
+    def final(run_id):
+        state = torch.load(tmp_path / "runs" / run_id / "checkpoint.pt", weights_only=True)
+        history = client.get_metric_history(run_id, "test_mAP")
+        return state, {m.step: m.value for m in history}
+
+    (resumed_state, resumed_map), (whole_state, whole_map) = final(killed.info.run_id), final(whole_id)
+    assert resumed_state["round"] == whole_state["round"] == 3
+    assert resumed_state["final"] == whole_state["final"]
+    assert all(torch.equal(resumed_state["global"][k], whole_state["global"][k]) for k in whole_state["global"])
+    assert resumed_map == whole_map and sorted(resumed_map) == [0, 1, 2, 3]
