@@ -1,4 +1,5 @@
 """Sweeps: space-file validation, a real Ray Tune run tracked as one MLflow experiment, and kill + --resume."""
+import dataclasses
 import os
 import signal
 import subprocess
@@ -11,6 +12,7 @@ import yaml
 from mlflow import MlflowClient
 
 from fedvlp.errors import ConfigError
+from fedvlp.platform.engine import run_federated
 from fedvlp.platform.sweep import load_sweep, trial_spec
 
 REPO = Path(__file__).resolve().parent.parent
@@ -128,6 +130,14 @@ def test_killed_sweep_resumes_with_one_run_per_trial(tmp_path):
     again_again = subprocess.run([sys.executable, "-m", "fedvlp", "sweep", str(space)], cwd=tmp_path,
                                  capture_output=True, text=True, timeout=300)
     assert again_again.returncode == 2 and "pass --resume" in again_again.stderr
+    # a resumed trial ends exactly where the same run uninterrupted ends
+    sweep = load_sweep(space)
+    for trial in trials:
+        if trial.data.tags["swept.method.name"] == "promptfl":
+            spec = trial_spec(sweep, {"method.name": "promptfl", "seed": int(trial.data.tags["seed"])}, "check")
+            spec = dataclasses.replace(spec, tracking=dataclasses.replace(spec.tracking, experiment="uninterrupted"))
+            whole = run_federated(spec, progress=False)
+            assert client.get_run(trial.info.run_id).data.metrics["test_mAP"] == whole.final["mAP"]
 
 
 @pytest.mark.usefixtures("tiny_clip")
