@@ -110,6 +110,8 @@ class ResourcesSpec:
     round_timeout_s: float = spec_field(600.0, "a round still unfinished after this fails loudly", gt=0)
     startup_timeout_s: float = spec_field(600.0, "workers that have not loaded backbone and data by then fail loudly", gt=0)
     placement_timeout_s: float = spec_field(60.0, "fail if the run's actors cannot be placed within this", gt=0)
+    client_state_memory_mb: float = spec_field(
+        1024.0, "client-local states the coordinator keeps in memory; the rest spill to disk under output_dir", ge=0)
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,7 @@ import ray
 import torch
 
 from fedvlp.platform.aggregation import AGGREGATORS, state_nbytes
+from fedvlp.platform.client_states import ClientStateStore
 from fedvlp.platform.sampling import sample_cohort
 from fedvlp.seeding import torch_generator
 
@@ -18,12 +19,13 @@ from fedvlp.seeding import torch_generator
 class Coordinator:
     def __init__(self, seed: int, num_clients: int, participation: float,
                  initial_state: dict[str, torch.Tensor], rules: dict[str, str],
-                 rule_options: dict[str, dict] | None = None, checkpoint: dict | None = None):
+                 rule_options: dict[str, dict] | None, client_store: tuple[str, int], checkpoint: dict | None = None):
         self.seed, self.num_clients, self.participation = seed, num_clients, participation
         self.rules = rules  # parameter name -> aggregation rule (global parameters only)
         self.rule_options = rule_options or {}
         self.state = checkpoint["global"] if checkpoint else initial_state
-        self.client_state: dict[int, dict] = dict(checkpoint["clients"]) if checkpoint else {}
+        spill_dir, budget_bytes = client_store
+        self.client_states = ClientStateStore(spill_dir, budget_bytes, checkpoint["clients"] if checkpoint else None)
         self.round = checkpoint["round"] if checkpoint else 0
 
     def sample_cohort(self, round_index: int) -> list[int]:
@@ -33,7 +35,7 @@ class Coordinator:
         return self.state
 
     def client_state_of(self, client_id: int) -> dict | None:
-        return self.client_state.get(client_id)
+        return self.client_states.get(client_id)
 
     def aggregate(self, round_index: int, *client_updates: dict) -> dict:
         """Combine the updates that arrived, in sorted client-id order, into the next global state."""
@@ -50,7 +52,7 @@ class Coordinator:
         self.state = new_state
         for u in updates:
             if u["local"]:
-                self.client_state[u["client_id"]] = u["local"]
+                self.client_states.put(u["client_id"], u["local"], round_index)
         self.round = round_index
         total = sum(sizes)
         return {
@@ -64,4 +66,4 @@ class Coordinator:
 
     def snapshot(self) -> dict:
         """Round, global state and client states: everything needed to continue the run."""
-        return {"round": self.round, "global": self.state, "clients": self.client_state}
+        return {"round": self.round, "global": self.state, "clients": self.client_states.snapshot()}

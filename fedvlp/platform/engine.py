@@ -74,6 +74,7 @@ def run_federated(spec, *, progress: bool = True, on_round=None, tags: dict | No
 
     tracker = RunTracker(spec, tags=tags, run_id=resume["run_id"] if resume else None)
     clock = _virtual_clock(spec, data, initial_state, resume)
+    run_dir = Path(spec.output_dir).resolve() / tracker.run_id  # checkpoint and spilled client states
     history: list[dict] = []
     started_ray = False
     placement, bundle_offset = None, 0
@@ -86,7 +87,8 @@ def run_federated(spec, *, progress: bool = True, on_round=None, tags: dict | No
             num_cpus=spec.resources.coordinator_cpus, name=f"fedvlp-{tracker.run_id}-coordinator",
             scheduling_strategy=PlacementGroupSchedulingStrategy(placement, placement_group_bundle_index=bundle_offset),
         ).remote(spec.seed, spec.federation.clients, spec.federation.participation, initial_state, rules,
-                 rule_options, resume)
+                 rule_options, (str(run_dir / "client_states"), int(spec.resources.client_state_memory_mb * 2**20)),
+                 resume)
         pool = WorkerPool(spec, task, placement, bundle_offset, name=f"fedvlp-{tracker.run_id}")
         worker_info = pool.ready()
         cache_status = _attach_data(spec, data, pool, worker_info[0], say)
@@ -95,7 +97,7 @@ def run_federated(spec, *, progress: bool = True, on_round=None, tags: dict | No
         say(f"fedvlp: {len(pool.actors)} workers ready on {len(nodes)} node(s); "
             f"{spec.federation.clients} clients, MLflow run {tracker.run_id}")
         evaluate = lambda: _evaluate(pool, coordinator.global_state.remote(), data.test_labels, task)  # noqa: E731
-        checkpoint = Path(spec.output_dir).resolve() / tracker.run_id / "checkpoint.pt"
+        checkpoint = run_dir / "checkpoint.pt"
         tracker.set_tags({"checkpoint": str(checkpoint)})
 
         # 3. Rounds: cohort -> broadcast -> local updates -> aggregate -> evaluate -> log -> checkpoint.

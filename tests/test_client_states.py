@@ -1,0 +1,50 @@
+"""Client-local states: kept in memory up to a budget, spilled to disk past it, checkpointable."""
+import pytest
+import torch
+
+from conftest import small_run
+from fedvlp.platform.client_states import ClientStateStore
+from fedvlp.platform.engine import run_federated
+
+
+def state(value: float) -> dict:
+    return {"prompt": torch.full((4, 8), float(value))}  # 128 bytes
+
+
+def test_states_past_the_budget_spill_to_disk_and_read_back(tmp_path):
+    store = ClientStateStore(tmp_path, budget_bytes=256)
+    for cid in range(4):
+        store.put(cid, state(cid), round_index=1)
+    assert sorted(store.in_memory) == [0, 1] and store.on_disk == {2: 1, 3: 1}
+    assert all(torch.equal(store.get(cid)["prompt"], state(cid)["prompt"]) for cid in range(4))
+    assert store.get(9) is None
+    store.put(0, state(10), round_index=2)  # a client in memory stays there
+    store.put(3, state(30), round_index=2)  # a spilled one gets a new file; the old one outlives round 2's checkpoint
+    assert store.in_memory[0]["prompt"][0, 0] == 10 and store.get(3)["prompt"][0, 0] == 30
+    assert {p.name for p in tmp_path.glob("*.safetensors")} == {"client2-round1.safetensors",
+                                                                 "client3-round1.safetensors", "client3-round2.safetensors"}
+    store.put(2, state(20), round_index=3)
+    assert not (tmp_path / "client3-round1.safetensors").exists()
+
+
+def test_a_snapshot_restores_the_states_of_its_round(tmp_path):
+    store = ClientStateStore(tmp_path, budget_bytes=0)
+    store.put(1, state(1), round_index=1)
+    snapshot = store.snapshot()
+    store.put(1, state(2), round_index=2)  # round 2 crashed before its checkpoint
+    restored = ClientStateStore(tmp_path, budget_bytes=0, snapshot=snapshot)
+    assert restored.get(1)["prompt"][0, 0] == 1
+    assert [p.name for p in tmp_path.glob("*.safetensors")] == ["client1-round1.safetensors"]
+
+
+@pytest.mark.usefixtures("tiny_clip")
+def test_spilled_client_states_give_the_same_run(ray_cluster, tracking_uri, tmp_path):
+    """FedOTP keeps a local prompt per client: all in memory, or all spilled to disk, the run is the same."""
+    overrides = ("method.name=fedotp", "method.local_epochs=1", "federation.rounds=2", "federation.participation=0.5")
+    in_memory = run_federated(small_run(tracking_uri, tmp_path, *overrides), progress=False)
+    spilled = run_federated(small_run(tracking_uri, tmp_path, *overrides, "resources.client_state_memory_mb=0"),
+                            progress=False)
+    assert spilled.final == in_memory.final
+    assert all(torch.equal(spilled.final_state[k], in_memory.final_state[k]) for k in in_memory.final_state)
+    files = list((tmp_path / "runs" / spilled.run_id / "client_states").glob("*.safetensors"))
+    assert len(files) >= 2 and not (tmp_path / "runs" / in_memory.run_id / "client_states").exists()
