@@ -89,13 +89,17 @@ def _run(args) -> None:
     import yaml
 
     from fedvlp.config import DEFAULT_CONFIG, load_spec
+    from fedvlp.paths import default_tracking_uri
+    from fedvlp.platform.tracking import check_tracking_store
 
     resume = None
     if args.resume:
-        from fedvlp.platform.engine import load_checkpoint
         from fedvlp.platform.tracking import resumable_run
 
+        check_tracking_store(default_tracking_uri(), _tracking_source(None))
         spec, checkpoint_path = resumable_run(args.resume)
+        from fedvlp.platform.engine import load_checkpoint  # imports Ray: only once the run is known
+
         resume = load_checkpoint(checkpoint_path)
     else:
         spec = load_spec(args.config or DEFAULT_CONFIG, args.overrides)
@@ -108,6 +112,8 @@ def _run(args) -> None:
         for key, kind, value, meaning in describe_keys(spec):
             print(f"{key:<32} {kind:<22} {value!s:<18} {meaning}")
         return
+    # Before the data, the backbone and the cluster: MLflow would retry an unreachable server for minutes.
+    check_tracking_store(spec.tracking.uri or default_tracking_uri(), _tracking_source(spec.tracking.uri))
     from fedvlp.platform.engine import run_federated
 
     result = run_federated(spec, progress=not args.quiet, resume=resume)
@@ -115,6 +121,13 @@ def _run(args) -> None:
     print(format_table(result.initial, result.final, spec.federation.rounds))
     print(f"\nMLflow run {result.run_id} in {result.tracking_uri}")
     print(f"open the dashboard:  {ui_command(result.tracking_uri)}")
+
+
+def _tracking_source(configured: str | None) -> str:
+    """Where the tracking URI came from, for error messages."""
+    if configured:
+        return "tracking.uri"
+    return "$MLFLOW_TRACKING_URI" if os.environ.get("MLFLOW_TRACKING_URI") else "the default tracking store"
 
 
 def ui_command(uri: str) -> str:
@@ -148,8 +161,10 @@ def _sweep(args) -> None:
 def _report(args) -> None:
     from fedvlp.paths import default_tracking_uri
     from fedvlp.platform.report import make_report
+    from fedvlp.platform.tracking import check_tracking_store
 
     uri = args.tracking_uri or default_tracking_uri()
+    check_tracking_store(uri, "--tracking-uri" if args.tracking_uri else _tracking_source(None))
     files = make_report(uri, args.experiment, args.out or f"reports/{args.experiment}", metric=args.metric)
     for name, path in files.items():
         print(f"{name:>24}: {path}")
@@ -190,12 +205,21 @@ def _pretrain(args) -> None:
         print(f"saved {result['path']}")
 
 
+def one_line(error: FedvlpError) -> str:
+    """The error's message on one line. One raised inside a Ray actor arrives wrapped in a
+    RayTaskError (an instance of the error's class too) whose text is the remote traceback:
+    the original is its `cause`."""
+    while isinstance(getattr(error, "cause", None), FedvlpError):
+        error = error.cause
+    return " ".join(str(error).split())
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
         {"run": _run, "sweep": _sweep, "report": _report, "data": _data, "pretrain": _pretrain}[args.command](args)
     except FedvlpError as exc:
-        print(f"fedvlp: error: {exc}", file=sys.stderr)
+        print(f"fedvlp: error: {one_line(exc)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("fedvlp: interrupted", file=sys.stderr)

@@ -28,6 +28,14 @@ def spec_field(default, help: str, *, ge=None, gt=None, le=None, lt=None):
     return field(default=default, metadata={"help": help, **{k: v for k, v in bounds.items() if v is not None}})
 
 
+CHECKPOINT_SUFFIXES = (".pt", ".pth", ".bin", ".ckpt", ".safetensors")
+
+
+def _is_local_path(text: str) -> bool:
+    """A value meant as a file or directory on this machine, not a model name, tag or hub id."""
+    return text.startswith(("/", "./", "../", "~")) or text.endswith(CHECKPOINT_SUFFIXES)
+
+
 @dataclass(frozen=True)
 class BackboneSpec:
     name: str = spec_field("tiny-clip", "open_clip model name: tiny-clip (fedvlp's own) or e.g. ViT-B-16")
@@ -35,6 +43,13 @@ class BackboneSpec:
         "fedvlp", "weights: 'fedvlp' (tiny-clip pretrained and cached by fedvlp), an open_clip tag "
         "such as 'openai', a checkpoint path, or 'none' for random init"
     )
+
+    def __post_init__(self):
+        # A missing local path would otherwise fail only after the data is read, when the weights load.
+        for key, value in (("backbone.name", self.name), ("backbone.pretrained", self.pretrained)):
+            if _is_local_path(value) and not Path(value).expanduser().exists():
+                raise ConfigError(f"{key}: {value} does not exist; expected an existing checkpoint file or "
+                                  f"model directory, or a model name or tag")
 
 
 SYNTHETIC_DATASETS = ("synthetic-scenes", "synthetic-recipes")
@@ -292,13 +307,14 @@ def apply_overrides(raw: dict, overrides: list[str]) -> dict:
 def read_yaml(path: str | Path) -> dict:
     path = Path(path)
     if not path.is_file():
-        raise ConfigError(f"{path}: config file not found")
+        raise ConfigError(f"{path}: config file not found; expected a YAML file such as {DEFAULT_CONFIG}")
     try:
         raw = yaml.safe_load(path.read_text())
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark else ""
-        raise ConfigError(f"{path}: not valid YAML{where}") from None
+        problem = getattr(exc, "problem", None)
+        raise ConfigError(f"{path}: not valid YAML{where}" + (f" ({problem})" if problem else "")) from None
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: expected a mapping of config sections at the top level")
     return raw

@@ -90,7 +90,8 @@ def _reason(exc: BaseException) -> str:
 
 
 def _image_error(path: str, exc: BaseException) -> DataError:
-    return DataError(f"{path}: cannot read image ({_reason(exc)}); expected a JPEG/PNG file")
+    reason = _reason(exc).replace(f" {path!r}", "").replace(f" {path}", "")  # PIL repeats the path
+    return DataError(f"{path}: cannot read image ({reason}); expected a JPEG/PNG file")
 
 
 def resize_shorter_and_crop(image: Image.Image, size: int) -> Image.Image:

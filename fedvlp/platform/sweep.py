@@ -33,6 +33,7 @@ import itertools
 import json
 import math
 import shutil
+import sys
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -91,7 +92,11 @@ def load_sweep(path: str | Path, overrides: list[str] | None = None) -> SweepSpe
     for key in ("base", "space", "metric"):
         if key not in raw:
             raise _fail(path, key, "a value (required)")
-    base = read_yaml((path.parent / str(raw["base"])).resolve())
+    base_path = (path.parent / str(raw["base"])).resolve()
+    if not base_path.is_file():
+        raise ConfigError(f"{path}: base: {base_path} not found; "
+                          f"expected a run config file, relative to the space file")
+    base = read_yaml(base_path)
     fixed = raw.get("set") or {}
     if not isinstance(fixed, dict):
         raise _fail(path, "set", "a mapping of dotted keys to values", fixed)
@@ -305,12 +310,11 @@ def run_sweep(sweep: SweepSpec, resume: bool = False, progress: bool = True):
                                    checkpoint_config=tune.CheckpointConfig(num_to_keep=1),
                                    failure_config=tune.FailureConfig(max_failures=0)))
         results = tuner.fit()
-        _close_trial_runs(client, experiment_id, parent_run_id)
-        client.set_terminated(parent_run_id, "FINISHED" if not results.errors else "FAILED")
+        _close_runs(client, experiment_id, parent_run_id, experiment_dir, trials="FINISHED",
+                    parent="FINISHED" if not results.errors else "FAILED")
         return results
     except BaseException:
-        _close_trial_runs(client, experiment_id, parent_run_id, status="KILLED")
-        client.set_terminated(parent_run_id, "KILLED")
+        _close_runs(client, experiment_id, parent_run_id, experiment_dir, trials="KILLED", parent="KILLED")
         raise
     finally:
         if started_ray:
@@ -329,6 +333,17 @@ def _tune_config(sweep: SweepSpec):
                                   reduction_factor=sweep.scheduler.get("reduction_factor", 2))
     return tune.TuneConfig(metric=sweep.metric, mode=sweep.mode, scheduler=scheduler, num_samples=sweep.num_samples,
                            max_concurrent_trials=sweep.max_concurrent_trials)
+
+
+def _close_runs(client, experiment_id: str, parent_run_id: str, experiment_dir: Path, trials: str, parent: str) -> None:
+    """End the parent run (and trial runs Tune left open); an MLflow store gone by now costs a warning, not the
+    sweep's results, which Tune keeps in `experiment_dir`."""
+    try:
+        _close_trial_runs(client, experiment_id, parent_run_id, status=trials)
+        client.set_terminated(parent_run_id, parent)
+    except Exception as exc:
+        print(f"fedvlp: warning: could not end the sweep's MLflow runs ({type(exc).__name__}); "
+              f"the trial results are in {experiment_dir}", file=sys.stderr, flush=True)
 
 
 def _close_trial_runs(client, experiment_id: str, parent_run_id: str, status: str = "FINISHED") -> None:

@@ -35,7 +35,10 @@ FALLBACK_FILE = "tracking-fallback.jsonl"
 def _reason(exc: BaseException) -> str:
     """The first line of an exception, for a one-line message."""
     text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[0][:200]}" if text else type(exc).__name__
+    first = text[0] if text else ""
+    if len(first) > 160:
+        first = first[:160] + "..."
+    return f"{type(exc).__name__}: {first}" if first else type(exc).__name__
 
 
 def check_tracking_store(uri: str, source: str = "tracking.uri") -> None:
@@ -102,7 +105,8 @@ class RunTracker:
             else:
                 self.client.update_run(run_id, status="RUNNING")
         except Exception as exc:
-            raise TrackingError(f"tracking.uri: cannot open a run in MLflow store {self.uri} ({_reason(exc)})") from None
+            raise TrackingError(f"tracking.uri: cannot open a run in MLflow store {self.uri} "
+                                f"({_reason(exc)})") from None
         self.run_id = run_id
         self.fallback_path = Path(spec.output_dir).resolve() / run_id / FALLBACK_FILE
         self.offline = False  # True once the store failed: from then on, the fallback file only
@@ -138,8 +142,8 @@ class RunTracker:
     def end(self, status: str = "FINISHED") -> None:
         self._record({"event": "end", "status": status}, lambda: self.client.set_terminated(self.run_id, status))
         if self.offline:
-            _warn(f"fedvlp: warning: run {self.run_id} ended {status}; MLflow at {self.uri} was unreachable, "
-                  f"so its tracking is in {self.fallback_path}")
+            _warn(f"fedvlp: warning: run {self.run_id} ended {status}; MLflow at {self.uri} failed during the run, "
+                  f"so its whole tracking is in {self.fallback_path}")
 
     def _record(self, entry: dict, send) -> None:
         """`send` the entry to MLflow; if MLflow fails, or failed before, write it to the fallback file."""
@@ -179,8 +183,10 @@ def resumable_run(run_id: str, tracking_uri: str | None = None):
         run = client.get_run(run_id)
         raw = yaml.safe_load(Path(client.download_artifacts(run_id, "config.yaml")).read_text())
     except Exception as exc:
-        raise FedvlpError(f"--resume {run_id}: no such run with a config.yaml in {uri} ({type(exc).__name__})") from None
+        raise FedvlpError(f"--resume {run_id}: no such run with a config.yaml in {uri} ({type(exc).__name__}); "
+                          f"expected the MLflow run id that `fedvlp run` printed") from None
     if "checkpoint" not in run.data.tags:
-        raise FedvlpError(f"--resume {run_id}: the run has no checkpoint tag (it never finished a round)")
+        raise FedvlpError(f"--resume {run_id}: the run has no checkpoint tag (it never finished a round); "
+                          f"expected a run that checkpointed at least one round")
     raw.setdefault("tracking", {})["uri"] = uri
     return build_spec(raw), run.data.tags["checkpoint"]

@@ -1,0 +1,317 @@
+"""Every bad input is answered clearly: through the real CLI, each case must
+
+1. exit non-zero,
+2. end stderr with one line `fedvlp: error: ...` naming the field or path and what was expected, with no traceback,
+3. leave no Ray process behind (each case gets its own Ray temp dir, so only its own processes are counted),
+4. leave no MLflow run RUNNING.
+
+Most cases fail at config load, long before any Ray work; `starts_ray` marks the few that fail inside a
+running cluster, and the others are checked never to have started one.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import psutil
+import pytest
+
+from test_readers import COLOURS, VOC_TEST, VOC_TRAIN, coco_json, voc_xml, write_image, write_json, write_text
+
+REPO = Path(__file__).resolve().parent.parent
+QUICKSTART = REPO / "configs" / "quickstart.yaml"
+# Small enough that a case reaching the cluster stays cheap.
+SMALL = ("data.num_train=64", "data.num_test=32", "federation.clients=2", "resources.workers=1",
+         "data.feature_cache=false")
+SMALL_RUN = ["--quiet", *[arg for override in SMALL for arg in ("--set", override)]]
+ERROR_PREFIX = "fedvlp: error: "
+
+
+def _closed_port() -> int:
+    """A local port nothing listens on (bound, then released)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+CLOSED_PORT = _closed_port()
+
+
+# --------------------------------------------------------------------------- inputs written per case
+
+def run_with(*overrides: str) -> Callable[[Path], list[str]]:
+    return lambda tmp: ["run", *[a for o in overrides for a in ("--set", o)]]
+
+
+def config_file(text: str) -> Callable[[Path], list[str]]:
+    return lambda tmp: ["run", str(write_text(tmp / "config.yaml", text))]
+
+
+def space_file(body: dict) -> Callable[[Path], list[str]]:
+    """`fedvlp sweep` of a space on the quickstart config."""
+    def build(tmp: Path) -> list[str]:
+        space = {"base": str(QUICKSTART), "metric": "test_mAP", **body}
+        return ["sweep", str(write_text(tmp / "space.yaml", json.dumps(space)))]   # JSON is YAML
+    return build
+
+
+def voc_tree(tmp: Path) -> Path:
+    voc = tmp / "voc" / "VOCdevkit" / "VOC2007"
+    for k, (split, ids) in enumerate([("trainval", VOC_TRAIN), ("test", VOC_TEST)]):
+        write_text(voc / "ImageSets" / "Main" / f"{split}.txt", "".join(f"{i}\n" for i in ids))
+        for j, (image_id, objects) in enumerate(ids.items()):
+            write_text(voc / "Annotations" / f"{image_id}.xml", voc_xml(objects))
+            write_image(voc / "JPEGImages" / f"{image_id}.jpg", COLOURS[(4 * k + j) % len(COLOURS)])
+    return tmp / "voc"
+
+
+def voc_run(damage: Callable[[Path], None]) -> Callable[[Path], list[str]]:
+    """A run on a tiny VOC2007 tree after `damage(VOC2007 folder)`."""
+    def build(tmp: Path) -> list[str]:
+        root = voc_tree(tmp)
+        damage(root / "VOCdevkit" / "VOC2007")
+        return ["run", "--set", "data.name=voc2007", "--set", f"data.root={root}", *SMALL_RUN]
+    return build
+
+
+def coco_run(damage: Callable[[dict], None]) -> Callable[[Path], list[str]]:
+    """A run on a tiny COCO2014 tree whose instances_train2014.json went through `damage(json)`."""
+    def build(tmp: Path) -> list[str]:
+        root = tmp / "coco"
+        for split, images, anns in [("train2014", [10, 5, 7], [(10, 0), (5, 3), (7, 12)]),
+                                    ("val2014", [3, 1], [(1, 40), (3, 1)])]:
+            data = coco_json(images, anns)
+            if split == "train2014":
+                damage(data)
+            write_json(root / "annotations" / f"instances_{split}.json", data)
+            for j, i in enumerate(images):
+                write_image(root / split / f"COCO_x_{i:012d}.jpg", COLOURS[j])
+        return ["run", "--set", "data.name=coco2014", "--set", f"data.root={root}", *SMALL_RUN]
+    return build
+
+
+def _earlier_run(tmp: Path, checkpoint: str | None) -> str:
+    """A failed run in the case's store, as `fedvlp run` leaves one: config.yaml, and a checkpoint tag if given."""
+    from mlflow import MlflowClient
+
+    client = MlflowClient(tracking_uri=tracking_uri(tmp))
+    experiment = client.create_experiment("earlier", artifact_location=(tmp / "artifacts").as_uri())
+    run_id = client.create_run(experiment).info.run_id
+    client.log_text(run_id, QUICKSTART.read_text(), "config.yaml")
+    if checkpoint is not None:
+        client.set_tag(run_id, "checkpoint", checkpoint)
+    client.set_terminated(run_id, "FAILED")
+    return run_id
+
+
+def resume_garbage_checkpoint(tmp: Path) -> list[str]:
+    checkpoint = tmp / "runs" / "checkpoint.pt"
+    write_text(checkpoint, "this is not a torch checkpoint")
+    return ["run", "--resume", _earlier_run(tmp, str(checkpoint))]
+
+
+def resume_without_checkpoint(tmp: Path) -> list[str]:
+    return ["run", "--resume", _earlier_run(tmp, None)]
+
+
+def without(key: str) -> Callable[[dict], None]:
+    return lambda data: data.pop(key)
+
+
+# --------------------------------------------------------------------------- the table
+
+@dataclass(frozen=True)
+class Case:
+    id: str
+    argv: Callable[[Path], list[str]]   # after `fedvlp`, given the case's temp dir
+    expect: tuple[str, ...]             # substrings of the error line; "{tmp}" is the case's temp dir
+    env: tuple[tuple[str, str], ...] = ()
+    starts_ray: bool = False            # fails inside a running cluster (checks its processes are gone)
+
+
+def case(id, argv, *expect, env=None, starts_ray=False) -> Case:
+    return Case(id, argv, expect, tuple((env or {}).items()), starts_ray)
+
+
+CASES = [
+    # ---- run configs
+    case("unknown-method", run_with("method.name=nope"),
+         "method.name: unknown method 'nope'", "expected one of", "promptfl"),
+    case("heterogeneity-above-1", run_with("federation.heterogeneity=1.5"),
+         "federation.heterogeneity: expected a value <= 1, got 1.5"),
+    case("participation-0", run_with("federation.participation=0"),
+         "federation.participation: expected a value > 0, got 0"),
+    case("negative-num-gpus", run_with("resources.num_gpus=-1"), "resources.num_gpus: expected a value >= 0"),
+    case("workers-0", run_with("resources.workers=0"), "resources.workers: expected a value >= 1, got 0"),
+    case("eval-every-0", run_with("federation.eval_every=0"), "federation.eval_every: expected a value >= 1"),
+    case("rounds-not-a-number", run_with("federation.rounds=ten"),
+         "federation.rounds: expected an integer, got 'ten'"),
+    case("label-mask-1", run_with("data.label_mask=1.0"), "data.label_mask: expected a value < 1, got 1.0"),
+    case("unknown-missing-type", run_with("data.missing_type=audio"),
+         "data.missing_type: expected one of 'text', 'image', 'both', got 'audio'"),
+    case("seed-negative", run_with("seed=-1"), "seed: expected a value >= 0, got -1"),
+    case("unknown-dataset", run_with("data.name=imagenet"), "data.name: expected one of 'synthetic-scenes'"),
+    case("method-param-wrong-type", run_with("method.lr=fast"), "method.lr: expected a number, got 'fast'"),
+    case("unknown-dotted-key", run_with("federation.bogus=1"), "federation.bogus: unknown key", "expected one of"),
+    case("override-without-value", run_with("federation.rounds"), "--set federation.rounds: expected KEY=VALUE"),
+    case("section-set-to-a-scalar", run_with("federation=3"), "federation: expected a mapping, got 3"),
+    case("backbone-method-mismatch", run_with("method.name=fedprime"),
+         "backbone.name: fedprime needs a ViLT backbone", "'tiny-clip' is a CLIP one"),
+    case("dataset-root-missing", run_with("data.name=voc2007", "data.root=/nonexistent/voc"),
+         "data.root: /nonexistent/voc is not a directory", "expected the voc2007 dataset root"),
+    case("dataset-root-not-given", run_with("data.name=coco2014"), "data.root: required for coco2014"),
+    case("backbone-checkpoint-missing", lambda tmp: run_with(f"backbone.pretrained={tmp}/nope.pt", *SMALL)(tmp),
+         "backbone.pretrained: {tmp}/nope.pt does not exist", "expected an existing checkpoint file"),
+    # ---- config files
+    case("config-file-missing", lambda tmp: ["run", str(tmp / "nope.yaml")],
+         "{tmp}/nope.yaml: config file not found", "expected a YAML file"),
+    case("config-invalid-yaml", config_file("method: [unclosed\n"), "config.yaml: not valid YAML at line 2 (expected"),
+    case("config-not-a-mapping", config_file("- just\n- a list\n"),
+         "config.yaml: expected a mapping of config sections"),
+    case("config-with-python-tag", config_file("method: !!python/object/apply:os.system ['echo pwned']\n"),
+         "config.yaml: not valid YAML at line 1 (could not determine a constructor for the tag"),
+    case("config-unknown-section", config_file(QUICKSTART.read_text() + "training:\n  epochs: 3\n"),
+         "training: unknown key", "expected one of"),
+    # ---- real-format data on disk
+    case("voc-xml-missing-name", voc_run(lambda voc: write_text(voc / "Annotations" / "000002.xml",
+                                                                "<annotation><object><difficult>0</difficult>"
+                                                                "</object></annotation>")),
+         "Annotations/000002.xml: missing <object><name>", "expected a VOC annotation"),
+    case("coco-json-missing-annotations", coco_run(without("annotations")),
+         "instances_train2014.json: missing key 'annotations'", "expected a COCO instances file"),
+    case("corrupt-image", voc_run(lambda voc: (voc / "JPEGImages" / "000002.jpg").write_bytes(b"not a jpeg")),
+         "JPEGImages/000002.jpg: cannot read image (cannot identify image file); expected a JPEG/PNG file",
+         starts_ray=True),
+    # ---- resources
+    case("more-gpus-than-the-machine", run_with("resources.num_gpus=1", *SMALL),
+         "resources: the run needs 1 GPU", "but the cluster has 0", starts_ray=True),
+    # ---- tracking
+    case("mlflow-unreachable-env", run_with(), "$MLFLOW_TRACKING_URI: cannot reach", f"127.0.0.1:{CLOSED_PORT}",
+         env={"MLFLOW_TRACKING_URI": f"http://127.0.0.1:{CLOSED_PORT}"}),
+    case("mlflow-sqlite-in-missing-dir", run_with("tracking.uri=sqlite:////nonexistent/dir/mlflow.db"),
+         "tracking.uri: sqlite:////nonexistent/dir/mlflow.db", "/nonexistent/dir"),
+    case("report-mlflow-unreachable", lambda tmp: ["report", "sweep-x", "--tracking-uri",
+                                                   f"http://127.0.0.1:{CLOSED_PORT}"],
+         "--tracking-uri: cannot reach", f"127.0.0.1:{CLOSED_PORT}"),
+    case("report-unknown-experiment", lambda tmp: ["report", "sweep-nope"],
+         "experiment 'sweep-nope' not found", "expected the MLflow experiment of a `fedvlp sweep`"),
+    # ---- resume and checkpoints
+    case("resume-unknown-run", lambda tmp: ["run", "--resume", "0123456789abcdef"],
+         "--resume 0123456789abcdef: no such run", "expected the MLflow run id"),
+    case("resume-unreadable-checkpoint", resume_garbage_checkpoint,
+         "{tmp}/runs/checkpoint.pt: not a readable fedvlp checkpoint", "expected a file written by a fedvlp run"),
+    case("resume-run-without-checkpoint", resume_without_checkpoint, "has no checkpoint tag"),
+    # ---- tune spaces
+    case("space-unknown-top-level-key", space_file({"space": {"federation.rounds": {"grid": [1]}}, "sapce": {}}),
+         "space.yaml: sapce: unknown key", "expected one of"),
+    case("space-unknown-dotted-key", space_file({"space": {"federation.bogus": {"grid": [1, 2]}}}),
+         "space.yaml: trial", "federation.bogus: unknown key"),
+    case("space-empty-grid", space_file({"space": {"federation.heterogeneity": {"grid": []}}}),
+         "space.yaml: space.federation.heterogeneity.grid: expected a non-empty list, got []"),
+    case("space-grid-value-out-of-range", space_file({"space": {"federation.heterogeneity": {"grid": [0.5, 2]}}}),
+         "space.yaml: trial", "federation.heterogeneity: expected a value <= 1, got 2"),
+    case("space-unknown-distribution", space_file({"space": {"federation.heterogeneity": {"normal": [0, 1]}}}),
+         "space.yaml: space.federation.heterogeneity: expected one of {grid: ..."),
+    case("space-bad-mode", space_file({"space": {"seed": {"grid": [0]}}, "mode": "maximize"}),
+         "space.yaml: mode: expected max or min, got 'maximize'"),
+    case("space-unknown-scheduler", space_file({"space": {"seed": {"grid": [0]}}, "scheduler": {"type": "pbt"}}),
+         "space.yaml: scheduler: expected {type: none} or {type: asha"),
+    case("space-without-metric", lambda tmp: ["sweep", str(write_text(
+        tmp / "space.yaml", json.dumps({"base": str(QUICKSTART), "space": {"seed": {"grid": [0]}}})))],
+         "space.yaml: metric: expected a value (required)"),
+    case("space-base-missing", lambda tmp: ["sweep", str(write_text(
+        tmp / "space.yaml", json.dumps({"base": "nope.yaml", "metric": "m", "space": {"seed": {"grid": [0]}}})))],
+         "space.yaml: base: {tmp}/nope.yaml not found", "expected a run config file"),
+]
+
+
+# --------------------------------------------------------------------------- the checks
+
+def tracking_uri(tmp: Path) -> str:
+    return f"sqlite:///{tmp / 'mlflow.db'}"
+
+
+@pytest.fixture(scope="module")
+def empty_store(tmp_path_factory) -> Path:
+    """An MLflow sqlite store with its tables made: copied into each case, it saves each one the migrations."""
+    from mlflow import MlflowClient
+
+    path = tmp_path_factory.mktemp("store") / "mlflow.db"
+    MlflowClient(tracking_uri=f"sqlite:///{path}").search_experiments()
+    return path
+
+
+def ray_processes(ray_dir: str) -> list[psutil.Process]:
+    """Live processes of the Ray cluster whose temp dir is `ray_dir` (raylet, gcs_server, workers ...)."""
+    found = []
+    for process in psutil.process_iter(["cmdline"]):
+        try:
+            if ray_dir in " ".join(process.info["cmdline"] or ()) and process.status() != psutil.STATUS_ZOMBIE:
+                found.append(process)
+        except psutil.Error:
+            continue
+    return found
+
+
+def running_runs(db: Path) -> list[str]:
+    if not db.exists():
+        return []
+    from mlflow import MlflowClient
+    from mlflow.entities import ViewType
+
+    client = MlflowClient(tracking_uri=f"sqlite:///{db}")
+    experiments = [e.experiment_id for e in client.search_experiments(view_type=ViewType.ALL)]
+    if not experiments:
+        return []
+    runs = client.search_runs(experiments, "attributes.status = 'RUNNING'", run_view_type=ViewType.ALL)
+    return [r.info.run_id for r in runs]
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("bad", CASES, ids=[c.id for c in CASES])
+def test_bad_input_is_one_clear_line(bad: Case, tmp_path, empty_store):
+    shutil.copy(empty_store, tmp_path / "mlflow.db")
+    argv = bad.argv(tmp_path)
+    # A short private Ray temp dir (socket paths are limited to 107 bytes) marks this case's Ray processes.
+    ray_dir = tempfile.mkdtemp(prefix="fvray", dir="/tmp")
+    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "MLFLOW_TRACKING_URI")}
+    env.update(HF_HUB_OFFLINE="1", PYTHONPATH=str(REPO), RAY_TMPDIR=ray_dir, MLFLOW_TRACKING_URI=tracking_uri(tmp_path),
+               FEDVLP_CACHE_DIR=os.environ["FEDVLP_CACHE_DIR"])
+    env.update(dict(bad.env))
+    try:
+        proc = subprocess.run([sys.executable, "-m", "fedvlp", *argv], cwd=tmp_path, env=env,
+                              capture_output=True, text=True, timeout=150)
+        deadline = time.monotonic() + 15   # ray.shutdown returns before every process has exited
+        while ray_processes(ray_dir) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        leftover = [" ".join(p.cmdline()[:2]) for p in ray_processes(ray_dir)]
+        ray_started = any(Path(ray_dir).iterdir())
+    finally:
+        for process in ray_processes(ray_dir):   # never leak them into the next case, even on failure
+            process.kill()
+        shutil.rmtree(ray_dir, ignore_errors=True)
+
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    last = lines[-1] if lines else ""
+    context = f"argv={argv}\nstderr:\n{proc.stderr[-3000:]}"
+    assert proc.returncode != 0, context
+    assert last.startswith(ERROR_PREFIX), context
+    assert "Traceback" not in proc.stderr, context
+    for part in bad.expect:
+        assert part.replace("{tmp}", str(tmp_path)) in last, f"{part!r} not in the error line\n{context}"
+    assert not leftover, f"Ray processes left behind: {leftover}\n{context}"
+    assert ray_started == bad.starts_ray, f"Ray {'did not start' if bad.starts_ray else 'started'}\n{context}"
+    assert running_runs(tmp_path / "mlflow.db") == [], context
+
+
+def test_enough_cases():
+    assert len(CASES) >= 28 and len({c.id for c in CASES}) == len(CASES)

@@ -1,0 +1,107 @@
+"""An MLflow server that dies mid-run loses nothing: the run goes on, its tracking in a local file."""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from fedvlp.config import load_spec
+from fedvlp.platform.tracking import FALLBACK_FILE, RunTracker
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def mlflow_server(tmp_path: Path, startup_timeout_s: float = 180):
+    """A real `mlflow server` on 127.0.0.1 with a sqlite store; yields (uri, kill). Always killed on exit."""
+    port = _free_port()
+    uri = f"http://127.0.0.1:{port}"
+    log = (tmp_path / "mlflow-server.log").open("w")
+    server = subprocess.Popen(
+        [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port), "--workers", "1",
+         "--backend-store-uri", f"sqlite:///{tmp_path / 'server.db'}",
+         "--artifacts-destination", str(tmp_path / "server-artifacts")],
+        cwd=tmp_path, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)  # its own group: kill them all
+
+    def kill() -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(server.pid, signal.SIGKILL)
+        server.wait(timeout=30)
+
+    try:
+        deadline = time.monotonic() + startup_timeout_s
+        while True:
+            try:
+                with urllib.request.urlopen(f"{uri}/health", timeout=2) as response:
+                    if response.status == 200:
+                        break
+            except OSError:
+                pass
+            if server.poll() is not None or time.monotonic() > deadline:
+                log.flush()
+                pytest.fail(f"mlflow server did not start:\n{(tmp_path / 'mlflow-server.log').read_text()[-3000:]}")
+            time.sleep(0.5)
+        yield uri, kill
+    finally:
+        kill()
+        log.close()
+
+
+def metrics_of(step: int) -> dict[str, float]:
+    return {"train_loss": 1.0 / (step + 1), "test_mAP": 0.1 * step}
+
+
+@pytest.mark.timeout(300)
+def test_run_goes_on_when_the_server_dies(tmp_path, monkeypatch, capsys):
+    # Fail fast once the server is gone (MLflow's default retries would stall this test for minutes).
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "5")
+    with mlflow_server(tmp_path) as (uri, kill_server):
+        spec = load_spec(None, [f"tracking.uri={uri}", f"output_dir={tmp_path / 'runs'}",
+                                "tracking.experiment=fallback"])
+        tracker = RunTracker(spec, tags={"sweep": "none"})
+        for step in range(3):
+            tracker.log_metrics(step, metrics_of(step))
+        tracker.set_tags({"nodes": "head"})
+        logged = tracker.client.get_metric_history(tracker.run_id, "test_mAP")
+        assert sorted(m.step for m in logged) == [0, 1, 2]   # the server had them while it lived
+        assert not tracker.offline and not tracker.fallback_path.exists()
+
+        kill_server()
+        for step in range(3, 6):
+            tracker.log_metrics(step, metrics_of(step))
+        tracker.set_tags({"checkpoint": "somewhere"})
+        tracker.log_json({"final": metrics_of(5)}, "final_metrics.json")
+        tracker.end("FINISHED")
+
+    assert tracker.offline
+    assert tracker.fallback_path == tmp_path / "runs" / tracker.run_id / FALLBACK_FILE
+    entries = [json.loads(line) for line in tracker.fallback_path.read_text().splitlines()]
+    # The whole run is in the file, the steps logged before the server died included.
+    opened = entries[0]
+    assert opened["event"] == "run" and opened["run_id"] == tracker.run_id and opened["tracking_uri"] == uri
+    assert opened["config"]["tracking"]["uri"] == uri and opened["tags"]["sweep"] == "none"
+    steps = {e["step"]: e["metrics"] for e in entries if e["event"] == "metrics"}
+    assert steps == {step: pytest.approx(metrics_of(step)) for step in range(6)}
+    tags = {k: v for e in entries if e["event"] == "tags" for k, v in e["tags"].items()}
+    assert tags == {"nodes": "head", "checkpoint": "somewhere"}
+    assert [e["content"] for e in entries if e["event"] == "artifact"] == [{"final": pytest.approx(metrics_of(5))}]
+    assert entries[-1] == {"event": "end", "status": "FINISHED"}
+
+    warnings = [line for line in capsys.readouterr().err.splitlines() if line.startswith("fedvlp: warning:")]
+    assert len(warnings) == 2, warnings   # once when it happens, once at the end
+    assert all(str(tracker.fallback_path) in line for line in warnings), warnings
+    assert "failed" in warnings[0] and "ended FINISHED" in warnings[1]
