@@ -1,0 +1,298 @@
+"""What the platform benchmarks share: run specs, clocks (wall and CPU seconds per round, the phases of
+a fedvlp run timed in place), process memory, the frozen features the engine uses, a bare federated
+loop without Ray or MLflow, and the JSON output.
+
+The bare loop (`run_bare`) is the platform's own pieces in one process: `prepare_data`,
+`load_backbone`, `build_method`, the frozen features from fedvlp's on-disk cache (the entry a run
+writes), `sample_cohort`, the per-(round, client) generators, `method.local_update` and the server
+rules of `AGGREGATORS` applied in sorted client-id order, as the coordinator applies them. With the
+same spec it reaches the metrics `run_federated` reaches. It covers the CLIP methods (cached image
+features); image+text methods (missing-modality tables) are not wired in.
+"""
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import platform
+import tempfile
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import psutil
+import torch
+
+from fedvlp.backbones import backbone_id, load_backbone, prepare_backbone
+from fedvlp.config import load_spec
+from fedvlp.data import prepare_data
+from fedvlp.data.feature_cache import FeatureCache, feature_key
+from fedvlp.methods.base import ClientData, Task
+from fedvlp.platform import engine, tracking
+from fedvlp.platform.aggregation import AGGREGATORS
+from fedvlp.platform.metrics import multilabel_metrics, single_label_metrics
+from fedvlp.platform.sampling import sample_cohort
+from fedvlp.platform.worker import build_method
+from fedvlp.seeding import torch_generator
+
+REPO = Path(__file__).resolve().parent.parent
+RESULTS = Path(__file__).resolve().parent / "results"
+SCRATCH = Path(tempfile.gettempdir()) / "fedvlp-benchmarks"  # MLflow store and checkpoints of benchmark runs
+MiB = 2**20
+# The engine scores the test split in blocks of this many samples. Scores depend on the block where a
+# method stops an iteration on a whole-batch tolerance (FedMPT's Sinkhorn), so the bare loop uses it too.
+EVAL_BLOCK = 256
+
+
+def bench_spec(config: str, overrides: list[str]):
+    """The spec of `config` with `overrides`, tracked in a scratch sqlite store, never the repo's mlflow.db."""
+    SCRATCH.mkdir(parents=True, exist_ok=True)
+    scratch = [f"tracking.uri=sqlite:///{SCRATCH / 'mlflow.db'}", f"output_dir={SCRATCH / 'runs'}"]
+    return load_spec(REPO / config, scratch + list(overrides))
+
+
+def machine() -> dict:
+    """What the figures depend on: cores, the load other work puts on them, versions."""
+    import ray
+
+    return {"cpu_count": os.cpu_count(), "load_average_1min": round(os.getloadavg()[0], 2),
+            "torch": torch.__version__, "ray": ray.__version__, "python": platform.python_version(),
+            "machine": platform.processor() or platform.machine()}
+
+
+def write_results(name: str, figures: dict) -> Path:
+    out = RESULTS / f"{name}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(figures, indent=2))
+    print(f"wrote {out}")
+    return out
+
+
+def rss_mib(pid: int) -> float:
+    return round(psutil.Process(pid).memory_info().rss / MiB, 1)
+
+
+def tree_cpu_seconds() -> float:
+    """CPU seconds (user + system) used so far by this process and its live descendants (Ray's own
+    processes and actors), with the children they have reaped. Other people's work on the machine
+    stretches wall time much more than CPU time, so CPU seconds tell a slow round from a busy machine."""
+    total = 0.0
+    for proc in [psutil.Process(), *psutil.Process().children(recursive=True)]:
+        try:
+            times = proc.cpu_times()
+        except psutil.Error:  # ended since the listing
+            continue
+        total += times.user + times.system + times.children_user + times.children_system
+    return total
+
+
+class RoundClock:
+    """Wall and CPU seconds when made (the run starts) and at the end of every round; pass it as `on_round`."""
+
+    def __init__(self):
+        self.start = (time.perf_counter(), tree_cpu_seconds())
+        self.marks: list[tuple[float, float]] = []
+
+    def __call__(self, *_) -> None:
+        self.marks.append((time.perf_counter(), tree_cpu_seconds()))
+
+    def round_cpu(self) -> list[float]:
+        """CPU seconds of rounds 2.. (round 1's start is not marked)."""
+        return [b[1] - a[1] for a, b in zip(self.marks, self.marks[1:])]
+
+    def cpu_to_last_round(self) -> float:
+        return self.marks[-1][1] - self.start[1]
+
+
+# Phases of a fedvlp run, timed in place by PhaseTimer: (owner, attribute) -> phase. Attributes an engine
+# version lacks are skipped, so the breakdown survives refactors of the engine.
+FEDVLP_PHASES = {
+    (engine, "prepare_backbone"): "prepare (data, backbone, method)",
+    (engine, "prepare_data"): "prepare (data, backbone, method)",
+    (engine, "load_backbone"): "prepare (data, backbone, method)",
+    (engine, "ensure_ray"): "ray.init",
+    (engine, "_reserve"): "placement group",
+    (engine, "_attach_data"): "features + attach client data",
+    (engine, "_evaluate"): "evaluation",
+    (engine, "save_checkpoint"): "checkpoint",
+    (tracking.RunTracker, "__init__"): "mlflow: open run",
+    (tracking.RunTracker, "log_metrics"): "mlflow: log",
+    (tracking.RunTracker, "set_tags"): "mlflow: log",
+    (tracking.RunTracker, "log_json"): "mlflow: log",
+    (tracking.RunTracker, "end"): "mlflow: log",
+}
+STARTUP_PHASES = ("prepare (data, backbone, method)", "mlflow: open run", "ray.init", "placement group",
+                  "features + attach client data")
+
+
+class PhaseTimer:
+    """While active, wraps the `phases` callables ((owner, attribute) -> phase name) and sums their wall
+    time per phase."""
+
+    def __init__(self, phases: dict):
+        self.phases, self.seconds = phases, defaultdict(float)
+
+    def __enter__(self):
+        self.originals = {key: getattr(*key) for key in self.phases if hasattr(*key)}
+        for (owner, name), fn in self.originals.items():
+            setattr(owner, name, self._timed(fn, self.phases[(owner, name)]))
+        return self
+
+    def __exit__(self, *exc):
+        for (owner, name), fn in self.originals.items():
+            setattr(owner, name, fn)
+
+    def _timed(self, fn, phase: str):
+        def timed(*args, **kwargs):
+            tic = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self.seconds[phase] += time.perf_counter() - tic
+        return timed
+
+
+def worker_seconds(history: list[dict]) -> tuple[list[float], list[float]]:
+    """Per round of a RunResult's history: the busiest worker's seconds in local updates (the round can
+    end no sooner), and the median seconds of one client's local update (load, train, copy back)."""
+    busiest, per_client = [], []
+    for entry in history:
+        per_worker, durations = defaultdict(float), []
+        for _, worker, began, finished in entry["timings"]:
+            per_worker[worker] += finished - began
+            durations.append(finished - began)
+        busiest.append(max(per_worker.values()))
+        per_client.append(median(durations))
+    return busiest, per_client
+
+
+def median(values: list[float]) -> float:
+    return float(np.median(values)) if values else float("nan")
+
+
+_PROCESS_DATA: dict = {}
+
+
+def process_federated_data(spec):
+    """`prepare_data(spec)` once per process (a Flower actor's data, like the global FederatedDataset of
+    Flower's docs). It lives here, in an importable module: a function of the running script travels to
+    Ray actors by value, with a fresh copy of its globals every message."""
+    key = repr(spec)
+    if key not in _PROCESS_DATA:
+        _PROCESS_DATA[key] = prepare_data(spec)
+    return _PROCESS_DATA[key]
+
+
+# ---------------------------------------------------------------- frozen features
+
+def frozen_features(spec, data, backbone, kind: str, split: str) -> np.ndarray:
+    """Frozen float16 features of a split, from fedvlp's on-disk cache under the key the engine uses;
+    encoded here (in the backbone's fixed chunks, as the workers encode) and cached on a miss."""
+    images = getattr(data.dataset, split).images
+    parts = {"backbone": backbone_id(spec), "dataset": data.dataset.name, "split": split,
+             "images": images.cache_key(), "transform": backbone.transform_id, "kind": kind}
+    cache, key = FeatureCache(), feature_key(**parts)
+    features = cache.get(key)
+    if features is None:
+        encoded = backbone.encode_images(images.load(range(len(images)), backbone.image_size[0]), kind)
+        cache.put(key, encoded.numpy(), parts)
+        features = cache.get(key)
+    return np.asarray(features)
+
+
+def as_inputs(method, features: np.ndarray) -> torch.Tensor:
+    """float16 features as a worker hands them to the method: float32, through `make_inputs`."""
+    return method.make_inputs(torch.from_numpy(features.astype(np.float32)), None)
+
+
+def as_labels(labels: np.ndarray) -> torch.Tensor:
+    return torch.from_numpy(labels.astype(np.float32 if labels.ndim == 2 else np.int64))
+
+
+def test_metrics(method, state: dict, test_inputs, labels: np.ndarray, task: Task) -> dict[str, float]:
+    """The metrics of `state` on the test split, as the engine computes them (the local state at its start)."""
+    method.load(state, None)
+    logits = torch.cat([method.score(test_inputs[start : start + EVAL_BLOCK])
+                        for start in range(0, len(test_inputs), EVAL_BLOCK)]).numpy()
+    return multilabel_metrics(logits, labels) if task.multilabel else single_label_metrics(logits, labels)
+
+
+def aggregate(rules: dict[str, str], options: dict, seed: int, round_index: int, updates: list[dict]) -> dict:
+    """The coordinator's server step: each rule's keys combined over the updates in sorted client-id order."""
+    updates = sorted(updates, key=lambda u: u["client_id"])
+    sizes = [u["num_samples"] for u in updates]
+    state = {}
+    for rule, keys in itertools.groupby(sorted(rules, key=rules.get), key=rules.get):
+        keys = list(keys)
+        state.update(AGGREGATORS[rule]([{k: u["global"][k] for k in keys} for u in updates], sizes,
+                                       generator=torch_generator(seed, "aggregate", round_index),
+                                       **options.get(rule, {})))
+    return state
+
+
+# ---------------------------------------------------------------- the bare loop
+
+@dataclass
+class BareResult:
+    initial: dict[str, float]
+    final: dict[str, float]
+    startup_seconds: float                  # data, backbone, features, round-0 evaluation
+    round_seconds: list[float] = field(default_factory=list)  # local updates + aggregation (+ evaluation)
+    total_seconds: float = 0.0
+
+
+def run_bare(spec, threads: int = 1, on_round=None) -> BareResult:
+    """`spec`'s federated run in this process, with no Ray, no MLflow and no checkpoints.
+    `on_round(round)` is called after each round, as `run_federated` calls it."""
+    previous_threads = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        return _bare_loop(spec, on_round or (lambda *_: None))
+    finally:
+        torch.set_num_threads(previous_threads)
+
+
+def _bare_loop(spec, on_round) -> BareResult:
+    started = time.perf_counter()
+    fed = spec.federation
+    prepare_backbone(spec, progress=False)
+    data = prepare_data(spec)
+    task = Task(data.dataset.class_names, multilabel=data.dataset.multilabel)
+    backbone = load_backbone(spec)
+    method = build_method(spec, backbone, task)
+    kind = method.feature_kind
+    train = frozen_features(spec, data, backbone, kind, "train")
+    clients = {cid: ClientData(as_inputs(method, train[idx]), as_labels(data.train_labels[idx]))
+               for cid, idx in enumerate(data.parts)}
+    test_inputs = as_inputs(method, frozen_features(spec, data, backbone, kind, "test"))
+    state = method.global_state()
+    rules = {key: method.rule_of(key) for key in state}
+    options = method.server_options()
+    client_states: dict[int, dict] = {}
+    initial = test_metrics(method, state, test_inputs, data.test_labels, task)
+    result = BareResult(initial, initial, time.perf_counter() - started)
+
+    for round_index in range(1, fed.rounds + 1):
+        tic = time.perf_counter()
+        updates = []
+        for cid in sample_cohort(spec.seed, round_index, fed.clients, fed.participation):
+            method.load(state, client_states.get(cid))
+            stats = method.local_update(clients[cid], torch_generator(spec.seed, "client", round_index, cid))
+            updates.append({"client_id": cid, "num_samples": len(clients[cid]), "global": method.global_state(),
+                            "local": method.local_state(), **stats})
+        state = aggregate(rules, options, spec.seed, round_index, updates)
+        client_states.update({u["client_id"]: u["local"] for u in updates if u["local"]})
+        if round_index % fed.eval_every == 0 or round_index == fed.rounds:
+            result.final = test_metrics(method, state, test_inputs, data.test_labels, task)
+        result.round_seconds.append(time.perf_counter() - tic)
+        on_round(round_index)
+    result.total_seconds = time.perf_counter() - started
+    return result
+
+
+def metrics_gap(a: dict[str, float], b: dict[str, float]) -> float:
+    """The largest absolute difference over the metrics both report (0.0: identical)."""
+    shared = sorted(set(a) & set(b))
+    return max((abs(a[k] - b[k]) for k in shared), default=float("nan"))

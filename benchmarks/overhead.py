@@ -1,0 +1,347 @@
+"""One federated workload three ways: fedvlp on Ray, a bare single-process loop, and Flower's simulation engine.
+
+Workload, per method (promptfl from configs/quickstart.yaml, fedmpt from configs/fedmpt_scenes.yaml,
+their local-training params unchanged): synthetic-scenes, tiny CLIP, 50 clients, participation 0.2
+(10 per round), 20 rounds. Evaluation is counted the same way in all three: the global model on the
+test split before training and after the last round, nowhere else.
+
+  (a) fedvlp   `run_federated(spec)`: Coordinator + 2 ClientWorker actors, MLflow (scratch sqlite store
+               under the temp dir), a checkpoint every round; federation.eval_every = rounds.
+  (b) bare     `_common.run_bare(spec)`: the same pieces in this process with one torch thread (what
+               each worker uses) and no Ray, MLflow or checkpoints: the same features (fedvlp's disk
+               cache), cohorts, per-(round, client) generators, local updates and FedAvg. It should reach
+               (a)'s final metrics exactly; the script prints whether it does.
+  (c) flower   Flower's Simulation Engine (`flwr.simulation.run_simulation`, Ray backend, 2 actors of
+               1 CPU), written the way Flower's docs write a simulation: `ClientApp(client_fn)`, where
+               `client_fn(context)` builds a `NumPyClient` per message (loads the model, i.e. the frozen
+               backbone and the prompt learner, and its data partition: `context.node_config["partition-id"]`);
+               the dataset is generated and partitioned once per process, like the docs' global
+               `FederatedDataset`. The client encodes its partition through the frozen backbone once per
+               message (per round it is sampled), not per step: kinder to Flower than a literal port of a
+               CoOp trainer, which re-encodes every step (benchmarks/feature_cache.py measures that).
+               `ServerApp(server_fn)` with `FedAvg(fraction_fit=0.2, fraction_evaluate=0)`, 20 rounds,
+               and a centralised `evaluate_fn` (test features encoded once at server start) that scores
+               rounds 0 and 20 only. Flower samples its own cohorts, so its metrics are close, not equal.
+               (flwr 1.42 marks `run_simulation` deprecated in favour of the `flwr run` CLI; it still runs the
+               same Simulation Engine, and is the Python entry point its API reference documents.)
+
+Every arm's wall time (from its call, after imports) is split into start-up (up to the end of the
+round-0 evaluation), round 1, the median of rounds 2..last, and the rest (tear-down). Round times
+include all per-round work: for fedvlp also its MLflow logging and checkpoint. Beside wall time, the
+CPU seconds of the process and its descendants (Ray's processes, the actors): other work on the machine
+stretches wall time far more than CPU time. Printed side by side with the ratios fedvlp/bare and
+fedvlp/flower, where fedvlp's time goes (phases timed in place) and where Flower's client time goes.
+
+(c) needs Flower: pip install 'flwr>=1.42,<2' (not `flwr[simulation]`, which pins ray==2.55.1; Flower's
+simulation runs on the Ray fedvlp already installs). Without flwr, (c) is skipped. Flower's telemetry is
+switched off (FLWR_TELEMETRY_ENABLED=0). The frozen features must be cached for (a) and (b) to read the
+same ones: the script fills fedvlp's feature cache before timing anything.
+
+Run: python benchmarks/overhead.py [--methods promptfl fedmpt] [--arms fedvlp bare flower] [--clients 50]
+     [--participation 0.2] [--rounds 20] [--workers 2]
+Writes benchmarks/results/overhead.json.
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import time
+from collections import defaultdict
+
+import numpy as np
+import torch
+
+import _common as common
+from fedvlp.backbones import load_backbone, prepare_backbone
+from fedvlp.data import prepare_data
+from fedvlp.methods.base import ClientData, Task
+from fedvlp.platform import engine
+from fedvlp.platform.worker import build_method
+from fedvlp.seeding import torch_generator
+
+CONFIGS = {"promptfl": "configs/quickstart.yaml", "fedmpt": "configs/fedmpt_scenes.yaml"}
+ARMS = ("fedvlp", "bare", "flower")
+TARGETS = {"fedvlp/bare": 1.15, "fedvlp/flower": 0.5}  # wall-time ratios to stay under
+HEADLINE = "mAP"
+RATIOS = {"total": "total_s", "start-up + round 1": "to_round_1_s", "median round": "median_round_s",
+          "CPU": "cpu_to_last_round_s", "median round CPU": "median_round_cpu_s"}
+CLIENT_PARTS = ("data_s", "load_s", "encode_s", "train_s")  # a Flower client message: data, model, features, training
+
+
+def workload_spec(method: str, args):
+    return common.bench_spec(CONFIGS[method], [
+        f"federation.clients={args.clients}", f"federation.participation={args.participation}",
+        f"federation.rounds={args.rounds}", f"federation.eval_every={args.rounds}",
+        f"resources.workers={args.workers}", f"tracking.experiment=bench-overhead-{method}"])
+
+
+def warm_feature_cache(spec) -> None:
+    """Encode and cache the frozen features once, so no arm's time includes a first encoding."""
+    prepare_backbone(spec, progress=False)
+    data = prepare_data(spec)
+    backbone = load_backbone(spec)
+    kind = build_method(spec, backbone, Task(data.dataset.class_names, data.dataset.multilabel)).feature_kind
+    for split in ("train", "test"):
+        common.frozen_features(spec, data, backbone, kind, split)
+
+
+def summary(total: float, startup: float, rounds: list[float], clock: common.RoundClock, final: dict,
+            **extra) -> dict:
+    return {"total_s": round(total, 2), "startup_s": round(startup, 2), "first_round_s": round(rounds[0], 2),
+            "to_round_1_s": round(startup + rounds[0], 2), "median_round_s": round(common.median(rounds[1:]), 3),
+            "rounds_s": round(sum(rounds), 2), "rest_s": round(total - startup - sum(rounds), 2),
+            "cpu_to_last_round_s": round(clock.cpu_to_last_round(), 2),
+            "median_round_cpu_s": round(common.median(clock.round_cpu()), 3),
+            "round_s": [round(r, 3) for r in rounds], "final": final, **extra}
+
+
+# ---------------------------------------------------------------- (a) fedvlp
+
+def run_fedvlp(spec) -> dict:
+    with common.PhaseTimer(common.FEDVLP_PHASES) as phases:
+        clock = common.RoundClock()
+        result = engine.run_federated(spec, progress=False, on_round=clock)
+        total = time.perf_counter() - clock.start[0]
+    from mlflow import MlflowClient
+
+    # logged at round 0, right after the round-0 evaluation, measured from the start of run_federated
+    startup = MlflowClient(result.tracking_uri).get_metric_history(result.run_id, "startup_seconds")[0].value
+    rounds = list(np.diff([clock.start[0] + startup, *(wall for wall, _ in clock.marks)]))
+    busiest, _ = common.worker_seconds(result.history)
+    return summary(total, startup, rounds, clock, result.final, initial=result.initial,
+                   feature_cache=result.feature_cache,
+                   phases_s={k: round(v, 2) for k, v in sorted(phases.seconds.items())},
+                   busiest_worker_compute_s=[round(c, 3) for c in busiest])
+
+
+# ---------------------------------------------------------------- (b) bare
+
+def run_bare(spec) -> dict:
+    clock = common.RoundClock()
+    result = common.run_bare(spec, threads=1, on_round=clock)
+    return summary(result.total_seconds, result.startup_seconds, result.round_seconds, clock, result.final,
+                   initial=result.initial)
+
+
+# ---------------------------------------------------------------- (c) Flower
+
+def _flower_parts(spec, clock: common.RoundClock, evaluations: dict, client_seconds: list):
+    """Flower's ClientApp and ServerApp for `spec`, in the style of Flower's simulation docs. The server's
+    evaluate_fn, called after every round, marks `clock` and keeps the metrics in `evaluations`."""
+    from flwr.client import ClientApp, NumPyClient
+    from flwr.common import Context, ndarrays_to_parameters
+    from flwr.server import ServerApp, ServerAppComponents, ServerConfig
+    from flwr.server.strategy import FedAvg
+
+    class PromptClient(NumPyClient):
+        """One virtual client, built per message: its model (frozen backbone + prompt learner) and partition."""
+
+        def __init__(self, partition_id: int):
+            tic = time.perf_counter()
+            data = common.process_federated_data(spec)  # generated and partitioned once per process
+            task = Task(data.dataset.class_names, data.dataset.multilabel)
+            prepared = time.perf_counter()
+            backbone = load_backbone(spec)
+            self.method = build_method(spec, backbone, task)
+            self.keys = list(self.method.global_state())
+            loaded = time.perf_counter()
+            indices = data.parts[partition_id]
+            images = data.dataset.train.images.load(indices, backbone.image_size[0])
+            # through float16, as fedvlp's workers hand features over, so both train on the same numbers
+            features = backbone.encode_images(images, self.method.feature_kind).numpy().astype(np.float16)
+            labels = common.as_labels(data.train_labels[indices])
+            self.data = ClientData(common.as_inputs(self.method, features), labels)
+            self.partition_id = partition_id
+            self.setup = {"data_s": prepared - tic, "load_s": loaded - prepared,
+                          "encode_s": time.perf_counter() - loaded}
+
+        def get_parameters(self, config):
+            return [t.numpy() for t in self.method.global_state().values()]
+
+        def set_parameters(self, parameters) -> None:
+            self.method.load({k: torch.from_numpy(np.array(p)) for k, p in zip(self.keys, parameters)}, None)
+
+        def fit(self, parameters, config):
+            self.set_parameters(parameters)
+            tic = time.perf_counter()
+            generator = torch_generator(spec.seed, "client", int(config["server_round"]), self.partition_id)
+            stats = self.method.local_update(self.data, generator)
+            timing = {**self.setup, "train_s": time.perf_counter() - tic, "pid": os.getpid(),
+                      "torch_threads": torch.get_num_threads()}
+            return self.get_parameters({}), len(self.data), {"loss": stats["loss"], **timing}
+
+        def evaluate(self, parameters, config):  # federated evaluation is off (fraction_evaluate=0)
+            self.set_parameters(parameters)
+            logits = self.method.score(self.data.features)
+            return float(self.method.loss(logits, self.data.labels)), len(self.data), {}
+
+    def client_fn(context: Context):
+        return PromptClient(int(context.node_config["partition-id"])).to_client()
+
+    def server_fn(context: Context):
+        data = prepare_data(spec)
+        task = Task(data.dataset.class_names, data.dataset.multilabel)
+        backbone = load_backbone(spec)
+        method = build_method(spec, backbone, task)
+        keys, initial = list(method.global_state()), method.global_state()
+        test_images = data.dataset.test.images.load(range(len(data.dataset.test)), backbone.image_size[0])
+        test_inputs = common.as_inputs(method, backbone.encode_images(test_images, method.feature_kind)
+                                       .numpy().astype(np.float16))
+
+        def evaluate_fn(server_round: int, parameters, config):
+            if server_round in (0, spec.federation.rounds):
+                state = {k: torch.from_numpy(np.array(p)) for k, p in zip(keys, parameters)}
+                evaluations[server_round] = common.test_metrics(method, state, test_inputs, data.test_labels, task)
+            if server_round == 0:
+                evaluations["startup_end"] = time.perf_counter()
+            else:
+                clock(server_round)
+            return (0.0, evaluations[server_round]) if server_round in evaluations else None
+
+        def on_fit_config_fn(server_round: int):
+            return {"server_round": server_round}  # the client's generator is seeded by (seed, round, client)
+
+        def collect_fit_metrics(results):
+            client_seconds.append([metrics for _, metrics in results])
+            return {}
+
+        strategy = FedAvg(fraction_fit=spec.federation.participation, fraction_evaluate=0.0,
+                          min_fit_clients=2, min_available_clients=spec.federation.clients,
+                          initial_parameters=ndarrays_to_parameters([t.numpy() for t in initial.values()]),
+                          evaluate_fn=evaluate_fn, on_fit_config_fn=on_fit_config_fn,
+                          fit_metrics_aggregation_fn=collect_fit_metrics)
+        return ServerAppComponents(strategy=strategy, config=ServerConfig(num_rounds=spec.federation.rounds))
+
+    return ClientApp(client_fn=client_fn), ServerApp(server_fn=server_fn)
+
+
+def run_flower(spec) -> dict:
+    os.environ["FLWR_TELEMETRY_ENABLED"] = "0"
+    import flwr
+    from flwr.simulation import run_simulation
+
+    logging.getLogger("flwr").setLevel(logging.ERROR)  # its INFO lines, and run_simulation's deprecation notice
+    client_seconds: list[list[dict]] = []
+    evaluations: dict = {}
+    clock = common.RoundClock()
+    client_app, server_app = _flower_parts(spec, clock, evaluations, client_seconds)
+    actors = spec.resources.workers  # one CPU each, so as many run at once as fedvlp has workers
+    backend = {"init_args": {"num_cpus": actors}, "client_resources": {"num_cpus": 1, "num_gpus": 0.0}}
+    run_simulation(server_app=server_app, client_app=client_app, num_supernodes=spec.federation.clients,
+                   backend_config=backend)
+    total = time.perf_counter() - clock.start[0]
+    last = spec.federation.rounds
+    if last not in evaluations:
+        raise RuntimeError("flower: the simulation ended without the final evaluation (see Flower's log above)")
+    startup = evaluations["startup_end"] - clock.start[0]
+    rounds = list(np.diff([evaluations["startup_end"], *(wall for wall, _ in clock.marks)]))
+    cohort = round(spec.federation.participation * spec.federation.clients)
+    failed = sum(cohort - len(results) for results in client_seconds)
+    flat = [m for results in client_seconds for m in results]
+    per_actor = [max(_sum_by(results, "pid").values()) for results in client_seconds]
+    return summary(total, startup, rounds, clock, evaluations[last], initial=evaluations[0],
+                   flwr=flwr.__version__, failed_client_updates=failed,
+                   client_mean_s={k: round(float(np.mean([m[k] for m in flat])), 3) for k in CLIENT_PARTS},
+                   client_torch_threads=sorted({int(m["torch_threads"]) for m in flat}),
+                   busiest_actor_compute_s=[round(s, 3) for s in per_actor])
+
+
+def _sum_by(results: list[dict], key: str) -> dict:
+    sums = defaultdict(float)
+    for m in results:
+        sums[m[key]] += sum(m[part] for part in CLIENT_PARTS)
+    return sums
+
+
+# ---------------------------------------------------------------- report
+
+def flower_available() -> bool:
+    try:
+        import flwr.simulation  # noqa: F401
+        return True
+    except ImportError:
+        return False
+
+
+def print_method(method: str, arms: dict, args) -> dict:
+    print(f"\n{method}: {args.clients} clients, {round(args.participation * args.clients)} per round, "
+          f"{args.rounds} rounds, evaluation before round 1 and after round {args.rounds}")
+    print(f"{'arm':<8}{'total s':>9}{'start-up s':>12}{'round 1 s':>11}{'median round s':>16}{'rest s':>8}"
+          f"{'CPU s':>8}{'median round CPU s':>20}{'final ' + HEADLINE:>12}")
+    for name, r in arms.items():
+        print(f"{name:<8}{r['total_s']:>9.1f}{r['startup_s']:>12.1f}{r['first_round_s']:>11.1f}"
+              f"{r['median_round_s']:>16.3f}{r['rest_s']:>8.1f}{r['cpu_to_last_round_s']:>8.1f}"
+              f"{r['median_round_cpu_s']:>20.3f}{r['final'].get(HEADLINE, float('nan')):>12.4f}")
+    print("(start-up: to the end of the round-0 evaluation; median round: rounds 2..last; rest: tear-down; CPU s: this "
+          "process and its descendants up to the end of the last round. Flower's Ray and actor start-up fall in its "
+          "round 1: its server evaluates round 0 before the actors start.)")
+    ratios = {}
+    for other in ("bare", "flower"):
+        if "fedvlp" in arms and other in arms:
+            key = f"fedvlp/{other}"
+            a, b = arms["fedvlp"], arms[other]
+            ratios[key] = {name: round(a[field] / b[field], 3) for name, field in RATIOS.items()}
+            met = "met" if ratios[key]["total"] <= TARGETS[key] else "MISSED"
+            print(f"{key:<14} total x{ratios[key]['total']:.2f} (target <= {TARGETS[key]}: {met}); "
+                  + "; ".join(f"{name} x{value:.2f}" for name, value in ratios[key].items() if name != "total"))
+    if "fedvlp" in arms and "bare" in arms:
+        gap = common.metrics_gap(arms["fedvlp"]["final"], arms["bare"]["final"])
+        ratios["bare_matches_fedvlp"] = gap == 0.0
+        print("bare vs fedvlp final metrics: " + ("identical" if gap == 0.0 else f"differ, max |diff| {gap:.2e}"))
+    if "fedvlp" in arms:
+        f = arms["fedvlp"]
+        overhead = [r - c for r, c in zip(f["round_s"], f["busiest_worker_compute_s"])]
+        print("fedvlp phases (s): " + ", ".join(f"{k} {v:.1f}" for k, v in f["phases_s"].items())
+              + f"; start-up in no phase {f['startup_s'] - _startup_phases(f):.1f} (the actors' start: Ray worker "
+              f"processes import torch and open_clip and load the backbone)")
+        print(f"fedvlp per round (median): busiest worker in local updates "
+              f"{common.median(f['busiest_worker_compute_s']):.3f} s, the rest {common.median(overhead):.3f} s "
+              f"(dispatch, aggregation, checkpoint, MLflow)")
+    if "flower" in arms:
+        c = arms["flower"]
+        print(f"flower per client message (mean s): {c['client_mean_s']}; busiest actor per round "
+              f"{common.median(c['busiest_actor_compute_s']):.3f} s (median); failed updates "
+              f"{c['failed_client_updates']}")
+    return ratios
+
+
+def _startup_phases(fedvlp: dict) -> float:
+    """The start-up share of the timed phases (the round-0 evaluation is half of the two evaluations)."""
+    phases = fedvlp["phases_s"]
+    return sum(phases.get(k, 0.0) for k in common.STARTUP_PHASES) + phases.get("evaluation", 0.0) / 2
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--methods", nargs="+", choices=sorted(CONFIGS), default=["promptfl", "fedmpt"])
+    parser.add_argument("--arms", nargs="+", choices=ARMS, default=list(ARMS))
+    parser.add_argument("--clients", type=int, default=50)
+    parser.add_argument("--participation", type=float, default=0.2)
+    parser.add_argument("--rounds", type=int, default=20)
+    parser.add_argument("--workers", type=int, default=2, help="fedvlp workers = Flower actors")
+    args = parser.parse_args()
+    arms = list(args.arms)
+    if "flower" in arms and not flower_available():
+        print("flower: skipped (pip install 'flwr>=1.42,<2')")
+        arms.remove("flower")
+
+    figures = {"machine": common.machine(), "clients": args.clients, "participation": args.participation,
+               "rounds": args.rounds, "workers": args.workers, "evaluation": "rounds 0 and last", "methods": {}}
+    runners = {"fedvlp": run_fedvlp, "bare": run_bare, "flower": run_flower}
+    for method in args.methods:
+        spec = workload_spec(method, args)
+        warm_feature_cache(spec)
+        results = {}
+        for arm in arms:
+            load = os.getloadavg()[0]
+            results[arm] = runners[arm](spec)
+            results[arm]["load_average_before"] = round(load, 2)
+            print(f"  {method} {arm}: {results[arm]['total_s']:.1f} s", flush=True)
+        ratios = print_method(method, results, args)
+        figures["methods"][method] = {"arms": results, "ratios": ratios}
+    common.write_results("overhead", figures)
+
+
+if __name__ == "__main__":
+    main()
