@@ -106,6 +106,29 @@ class RoundClock:
         return self.marks[-1][1] - self.start[1]
 
 
+def timed_fedvlp_run(spec, on_round=None):
+    """(RunResult, RoundClock, PhaseTimer, total s, start-up s, wall s of every round) of one fedvlp run.
+
+    Start-up is what the engine logs at round 0 (everything up to the round-0 evaluation).
+    """
+    from mlflow import MlflowClient
+
+    clock = RoundClock()
+
+    def mark(*args):
+        clock()
+        if on_round is not None:
+            on_round(*args)
+
+    with PhaseTimer(FEDVLP_PHASES) as phases:
+        clock.start = (time.perf_counter(), tree_cpu_seconds())
+        result = engine.run_federated(spec, progress=False, on_round=mark)
+        total = time.perf_counter() - clock.start[0]
+    startup = MlflowClient(result.tracking_uri).get_metric_history(result.run_id, "startup_seconds")[0].value
+    rounds = list(np.diff([clock.start[0] + startup, *(wall for wall, _ in clock.marks)]))
+    return result, clock, phases, total, startup, rounds
+
+
 # Phases of a fedvlp run, timed in place by PhaseTimer: (owner, attribute) -> phase. Attributes an engine
 # version lacks are skipped, so the breakdown survives refactors of the engine.
 FEDVLP_PHASES = {

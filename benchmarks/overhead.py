@@ -56,7 +56,6 @@ import _common as common
 from fedvlp.backbones import load_backbone, prepare_backbone
 from fedvlp.data import prepare_data
 from fedvlp.methods.base import ClientData, Task
-from fedvlp.platform import engine
 from fedvlp.platform.worker import build_method
 from fedvlp.seeding import torch_generator
 
@@ -99,15 +98,7 @@ def summary(total: float, startup: float, rounds: list[float], clock: common.Rou
 # ---------------------------------------------------------------- (a) fedvlp
 
 def run_fedvlp(spec) -> dict:
-    with common.PhaseTimer(common.FEDVLP_PHASES) as phases:
-        clock = common.RoundClock()
-        result = engine.run_federated(spec, progress=False, on_round=clock)
-        total = time.perf_counter() - clock.start[0]
-    from mlflow import MlflowClient
-
-    # logged at round 0, right after the round-0 evaluation, measured from the start of run_federated
-    startup = MlflowClient(result.tracking_uri).get_metric_history(result.run_id, "startup_seconds")[0].value
-    rounds = list(np.diff([clock.start[0] + startup, *(wall for wall, _ in clock.marks)]))
+    result, clock, phases, total, startup, rounds = common.timed_fedvlp_run(spec)
     busiest, _ = common.worker_seconds(result.history)
     return summary(total, startup, rounds, clock, result.final, initial=result.initial,
                    feature_cache=result.feature_cache,

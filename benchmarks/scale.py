@@ -44,7 +44,6 @@ import psutil
 import torch
 
 import _common as common
-from fedvlp.platform import engine
 
 COHORT = 10
 TARGET_SPREAD = 0.15
@@ -96,18 +95,7 @@ def timed_run(spec) -> tuple[dict, object]:
     """(figures, RunResult) of one fedvlp run: start-up, round times (wall and CPU), phases and peak memory."""
     memory = MemoryPeaks()
 
-    def on_round(*args):
-        clock()
-        memory()
-
-    with common.PhaseTimer(common.FEDVLP_PHASES) as phases:
-        clock = common.RoundClock()
-        result = engine.run_federated(spec, progress=False, on_round=on_round)
-        total = time.perf_counter() - clock.start[0]
-    from mlflow import MlflowClient
-
-    startup = MlflowClient(result.tracking_uri).get_metric_history(result.run_id, "startup_seconds")[0].value
-    rounds = list(np.diff([clock.start[0] + startup, *(wall for wall, _ in clock.marks)]))
+    result, clock, phases, total, startup, rounds = common.timed_fedvlp_run(spec, on_round=lambda *a: memory())
     round_cpu = clock.round_cpu()  # rounds 2..R
     peaks = memory.summary()
     worker_pids = sorted(str(w["pid"]) for w in result.workers)

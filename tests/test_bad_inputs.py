@@ -25,7 +25,7 @@ from typing import Callable
 import psutil
 import pytest
 
-from test_readers import COLOURS, VOC_TEST, VOC_TRAIN, coco_json, voc_xml, write_image, write_json, write_text
+from test_readers import COLOURS, coco_json, voc_tree, write_image, write_json, write_text
 
 REPO = Path(__file__).resolve().parent.parent
 QUICKSTART = REPO / "configs" / "quickstart.yaml"
@@ -62,16 +62,6 @@ def space_file(body: dict) -> Callable[[Path], list[str]]:
         space = {"base": str(QUICKSTART), "metric": "test_mAP", **body}
         return ["sweep", str(write_text(tmp / "space.yaml", json.dumps(space)))]   # JSON is YAML
     return build
-
-
-def voc_tree(tmp: Path) -> Path:
-    voc = tmp / "voc" / "VOCdevkit" / "VOC2007"
-    for k, (split, ids) in enumerate([("trainval", VOC_TRAIN), ("test", VOC_TEST)]):
-        write_text(voc / "ImageSets" / "Main" / f"{split}.txt", "".join(f"{i}\n" for i in ids))
-        for j, (image_id, objects) in enumerate(ids.items()):
-            write_text(voc / "Annotations" / f"{image_id}.xml", voc_xml(objects))
-            write_image(voc / "JPEGImages" / f"{image_id}.jpg", COLOURS[(4 * k + j) % len(COLOURS)])
-    return tmp / "voc"
 
 
 def voc_run(damage: Callable[[Path], None]) -> Callable[[Path], list[str]]:

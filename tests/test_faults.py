@@ -13,7 +13,6 @@ import torch
 from mlflow import MlflowClient
 
 from conftest import small_run
-from fedvlp.config import load_spec
 from fedvlp.errors import RoundFailedError
 from fedvlp.platform.clock import VirtualClock
 from fedvlp.platform.engine import run_federated

@@ -79,15 +79,20 @@ def voc_xml(objects) -> str:
     return f"<annotation><folder>VOC2007</folder><size><width>24</width><height>16</height></size>{''.join(parts)}</annotation>"
 
 
-@pytest.fixture
-def voc_root(tmp_path):
-    voc = tmp_path / "voc" / "VOCdevkit" / "VOC2007"
+def voc_tree(tmp: Path) -> Path:
+    """A tiny VOC2007 tree in the published layout under tmp/voc; returns its root."""
+    voc = tmp / "voc" / "VOCdevkit" / "VOC2007"
     for k, (split, ids) in enumerate([("trainval", VOC_TRAIN), ("test", VOC_TEST)]):
         write_text(voc / "ImageSets" / "Main" / f"{split}.txt", "".join(f"{i}\n" for i in ids))
         for j, (image_id, objects) in enumerate(ids.items()):
             write_text(voc / "Annotations" / f"{image_id}.xml", voc_xml(objects))
             write_image(voc / "JPEGImages" / f"{image_id}.jpg", COLOURS[(4 * k + j) % len(COLOURS)])
-    return tmp_path / "voc"
+    return tmp / "voc"
+
+
+@pytest.fixture
+def voc_root(tmp_path):
+    return voc_tree(tmp_path)
 
 
 def test_voc2007_classes_splits_and_labels(voc_root):

@@ -1,0 +1,148 @@
+"""Time one FedMPT local update (one client's share of a round) against PromptFL's, without Ray.
+
+Both run the way a ClientWorker runs them, in one process with one torch thread: the spec
+(configs/fedmpt_scenes.yaml, and configs/quickstart.yaml for PromptFL on the same data),
+`prepare_data`, `load_backbone`, `build_method`, the frozen features as a worker encodes and
+hands them over (backbone.encode_images of the method's feature kind, through float16), then
+`method.local_update(ClientData, generator)` on num_train / clients samples with the config's
+local epochs and batch size. Each repeat starts from the same initial state and generator.
+
+Prints seconds per local update (median of the repeats; wall clock and this process's CPU time,
+which other jobs on shared cores disturb less) for each method and the FedMPT / PromptFL ratio,
+and the seconds to score one worker's share of the test split (num_test / resources.workers), the
+other per-round cost. With --profile also the top ops by self CPU time (torch.profiler) of one
+more FedMPT update. Writes benchmarks/results/fedmpt_round.json.
+
+Run: python benchmarks/fedmpt_round.py [--repeats 5] [--threads 1] [--profile] [--top 15]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from fedvlp.backbones import load_backbone
+from fedvlp.config import load_spec
+from fedvlp.data import prepare_data
+from fedvlp.methods.base import ClientData, Task
+from fedvlp.platform.worker import build_method
+from fedvlp.seeding import torch_generator
+
+CONFIGS = {"fedmpt": "configs/fedmpt_scenes.yaml", "promptfl": "configs/quickstart.yaml"}
+
+
+def client_setup(config: str):
+    """(method, one client's ClientData, one worker's test features, spec), as a worker holds them."""
+    spec = load_spec(config)
+    data = prepare_data(spec)
+    backbone = load_backbone(spec, "cpu")
+    task = Task(data.dataset.class_names, data.dataset.multilabel)
+    method = build_method(spec, backbone, task)
+
+    def frozen(split, indices):  # the worker ships float16 features; the client gets float32 back
+        images = split.images.load(indices, backbone.image_size[0])
+        features = backbone.encode_images(images, method.feature_kind).numpy().astype(np.float16)
+        return torch.from_numpy(features.astype(np.float32))
+
+    size = spec.data.num_train // spec.federation.clients
+    indices = np.sort(np.concatenate(data.parts)[:size])  # client 0's samples first, topped up to the mean size
+    client = ClientData(frozen(data.dataset.train, indices),
+                        torch.from_numpy(data.train_labels[indices].astype(np.float32)))
+    test = frozen(data.dataset.test, np.arange(spec.data.num_test // spec.resources.workers))
+    return method, client, test, spec
+
+
+def time_local_updates(method, client: ClientData, seed: int, repeats: int) -> tuple[list[float], list[float]]:
+    """(wall seconds, CPU seconds) of `repeats` local updates, each from the same state and generator."""
+    initial = method.global_state()
+    wall, cpu = [], []
+    for _ in range(repeats):
+        method.load(initial, None)
+        tic, cpu_tic = time.perf_counter(), time.process_time()
+        method.local_update(client, torch_generator(seed, "client", 0, 0))
+        wall.append(time.perf_counter() - tic)
+        cpu.append(time.process_time() - cpu_tic)
+    method.load(initial, None)
+    return wall, cpu
+
+
+def time_scoring(method, test: torch.Tensor, repeats: int) -> float:
+    seconds = []
+    for _ in range(repeats):
+        tic = time.perf_counter()
+        method.score(test)
+        seconds.append(time.perf_counter() - tic)
+    return statistics.median(seconds)
+
+
+def profile_local_update(method, client: ClientData, seed: int, top: int) -> list[dict]:
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        method.local_update(client, torch_generator(seed, "client", 0, 0))
+    events = sorted(prof.key_averages(), key=lambda e: e.self_cpu_time_total, reverse=True)
+    total = sum(e.self_cpu_time_total for e in events) or 1
+    print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=top))
+    return [{"op": e.key, "calls": e.count, "self_cpu_s": round(e.self_cpu_time_total / 1e6, 3),
+             "self_cpu_share": round(e.self_cpu_time_total / total, 3)} for e in events[:top]]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--repeats", type=int, default=5, help="timed local updates per method (median reported)")
+    parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads (a worker's num_cpus)")
+    parser.add_argument("--profile", action="store_true", help="profile one more FedMPT update, top ops by self CPU")
+    parser.add_argument("--top", type=int, default=15, help="ops listed under --profile")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+
+    figures = {"torch_threads": torch.get_num_threads(), "cpu_count": os.cpu_count(), "torch": torch.__version__,
+               "machine": platform.processor() or platform.machine(), "methods": {}}
+    setups = {}
+    for name, config in CONFIGS.items():
+        method, client, test, spec = client_setup(config)
+        setups[name] = (method, client, spec)
+        p = method.params
+        time_local_updates(method, client, spec.seed, 1)  # warm-up: lazy inits, allocator, not timed
+        wall, cpu = time_local_updates(method, client, spec.seed, args.repeats)
+        steps = p.local_epochs * -(-len(client) // p.batch_size)
+        median, cpu_median = statistics.median(wall), statistics.median(cpu)
+        score_seconds = time_scoring(method, test, args.repeats)
+        figures["methods"][name] = {"config": config, "samples": len(client), "batch_size": p.batch_size,
+                                    "local_epochs": p.local_epochs, "steps": steps,
+                                    "feature_shape": list(client.features.shape[1:]),
+                                    "seconds_per_local_update": round(median, 3),
+                                    "cpu_seconds_per_local_update": round(cpu_median, 3),
+                                    "ms_per_step": round(1000 * median / steps, 2),
+                                    "repeats_seconds": [round(t, 3) for t in wall],
+                                    "test_samples_scored": len(test), "seconds_to_score": round(score_seconds, 3)}
+        print(f"{name:>9}: {median:7.3f} s/local update (CPU {cpu_median:.3f} s; {len(client)} samples, {steps} "
+              f"steps of {p.batch_size}, {1000 * median / steps:6.1f} ms/step; repeats "
+              f"{', '.join(f'{t:.3f}' for t in wall)}); scoring {len(test)} test samples {score_seconds:.3f} s",
+              flush=True)
+    fedmpt, promptfl = figures["methods"]["fedmpt"], figures["methods"]["promptfl"]
+    ratio = fedmpt["seconds_per_local_update"] / promptfl["seconds_per_local_update"]
+    cpu_ratio = fedmpt["cpu_seconds_per_local_update"] / promptfl["cpu_seconds_per_local_update"]
+    figures["fedmpt_over_promptfl"] = round(ratio, 2)
+    figures["fedmpt_over_promptfl_cpu"] = round(cpu_ratio, 2)
+    print(f"fedmpt / promptfl: x{ratio:.1f} per local update (CPU time x{cpu_ratio:.1f})")
+
+    if args.profile:
+        method, client, spec = setups["fedmpt"]
+        figures["fedmpt_profile_top_ops"] = profile_local_update(method, client, spec.seed, args.top)
+
+    out = Path(__file__).parent / "results" / "fedmpt_round.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(figures, indent=2))
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()
