@@ -31,15 +31,6 @@ def tiny_clip():
 
 @pytest.fixture(scope="session")
 def tiny_vilt():
-    """The tiny ViLT pretrained by `fedvlp pretrain tiny-vilt` (once per machine), with its recorded figures."""
-    from fedvlp.backbones.pretrain import ensure_tiny_vilt, read_metadata
-
-    path = ensure_tiny_vilt(progress=False)
-    return {"path": path, **read_metadata(path)}
-
-
-@pytest.fixture(scope="session")
-def tiny_vilt():
     """The tiny ViLT pretrained by `fedvlp pretrain tiny-vilt` (once per machine), with its measured figures."""
     from fedvlp.backbones.pretrain import ensure_tiny_vilt, read_metadata
 
