@@ -31,7 +31,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
 from fedvlp.config import spec_field
 from fedvlp.errors import ConfigError
@@ -94,8 +93,11 @@ class LowRank(torch.nn.Module):
         self.up = torch.nn.Parameter(torch.zeros(heads, rank, out))  # zero: training starts from identity
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """x [B, M, D] -> [B, N, M, out]."""
-        return torch.einsum("bmd,ndr,nro->bnmo", x, self.down, self.up)
+        """x [R, D] (the same rows for every head) -> [N, R, out]."""
+        heads, dim, rank = self.down.shape
+        # One matrix product for every head's down-projection, then one batched product for the ups.
+        hidden = (x @ self.down.transpose(0, 1).reshape(dim, heads * rank)).view(-1, heads, rank)
+        return torch.bmm(hidden.transpose(0, 1), self.up)
 
 
 @register
@@ -125,12 +127,16 @@ class FedMPT(Method):
     def condition_logits(self, features: torch.Tensor) -> torch.Tensor:
         """Per-condition logits [B, N, C] from frozen token features [B, 1 + M, D]."""
         p = self.params
-        patches = features  # the pooled token and the M patches are the regions (see module docstring)
+        # The pooled token and the M patches are the regions (see module docstring). All images'
+        # regions are rows of one matrix, conditions lead: every product below is one (batched) GEMM.
+        batch, regions, dim = features.shape
+        rows = features.reshape(batch * regions, dim)
         text = self.template.encode(self.cond_ctx if p.cps else None, self.cls_ctx)  # [N or 1, C, D]
-        text = text.expand(self.num_conditions, -1, -1)
-        views = patches.unsqueeze(1) + self.adapter(patches) if p.adapters else patches.unsqueeze(1)
-        views = F.normalize(views, dim=-1)  # [B, N or 1, M, D]
-        similarity = torch.einsum("bnmd,ncd->bnmc", views.expand(-1, self.num_conditions, -1, -1), text)
+        views = rows + self.adapter(rows) if p.adapters else rows.unsqueeze(0)  # [N or 1, B(1 + M), D]
+        # cos(view, text): the text is unit-norm, so divide the [.., C] dot products by |view|
+        # (F.normalize's floor) rather than normalising the [.., D] views first; same value
+        norms = views.norm(dim=-1, keepdim=True).clamp_min(1e-12)
+        similarity = (views @ text.transpose(-1, -2) / norms).view(-1, batch, regions, text.shape[1])
         if p.ot:
             # tau applies to CLIP-scaled similarities (scale x cos), the scale CLIP scores live on
             tau = p.tau / self.backbone.logit_scale
@@ -138,13 +144,15 @@ class FedMPT(Method):
                                       tol=OT_TOLERANCE) * text.shape[1]
         else:
             scores = region_aggregate(similarity.transpose(-1, -2), p.region_temperature)
-        return self.log_scale.exp() * scores + self.bias
+        logits = self.log_scale.exp() * scores + self.bias  # [N or 1, B, C]
+        # without condition prompts and adapters every condition sees the same logits: computed once
+        return logits.expand(self.num_conditions, -1, -1).transpose(0, 1)
 
     def forward(self, features: torch.Tensor) -> torch.Tensor:
         logits = self.condition_logits(features)
         if not self.params.gate:
             return logits.mean(1)
-        weights = torch.softmax(self.router(features[:, :1]).squeeze(1).squeeze(1), dim=-1)  # [B, N]
+        weights = torch.softmax(self.router(features[:, 0])[0], dim=-1)  # [B, N]
         return torch.einsum("bn,bnc->bc", weights, logits)
 
     def loss(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
