@@ -130,10 +130,19 @@ class ClipBackbone(torch.nn.Module):
         length = embeddings.shape[1]
         model = self.model
         x = embeddings + model.positional_embedding[:length]
-        x = model.transformer(x, attn_mask=model.attn_mask[:length, :length])
-        x = model.ln_final(x)
-        x = x[torch.arange(x.shape[0], device=x.device), eot_index]
-        return x @ model.text_projection
+        *blocks, last = model.transformer.resblocks
+        for block in blocks:
+            x = block(x, attn_mask=model.attn_mask[:length, :length])
+        # Only the end-of-text output is used and the mask is causal: the last block needs every
+        # token as a key, but its attention and MLP run for the end-of-text query alone.
+        rows = torch.arange(x.shape[0], device=x.device)
+        keys = last.ln_1(x)
+        after_eot = torch.arange(length, device=x.device) > eot_index.unsqueeze(1)
+        attended = last.attn(keys[rows, eot_index].unsqueeze(1), keys, keys, need_weights=False,
+                             key_padding_mask=after_eot)[0]
+        x = x[rows, eot_index].unsqueeze(1) + last.ls_1(attended)
+        x = x + last.ls_2(last.mlp(last.ln_2(x)))
+        return model.ln_final(x[:, 0]) @ model.text_projection
 
     def encode_texts(self, texts: list[str]) -> torch.Tensor:
         """L2-normalised text embeddings [n, D] for plain strings."""
