@@ -132,30 +132,6 @@ def test_a_real_layout_dataset_runs_from_disk(ray_cluster, tracking_uri, tmp_pat
     assert run.data.tags["dataset"] == "voc2007" and run.info.status == "FINISHED"
 
 
-def test_an_interrupted_run_resumes_bitwise_in_the_same_mlflow_run(ray_cluster, tracking_uri, tmp_path):
-    from fedvlp.platform.engine import load_checkpoint
-
-    spec = small_run(tracking_uri, tmp_path, "federation.rounds=3", "federation.participation=0.5")
-    whole = run_federated(spec, progress=False)
-
-    def interrupt(round_index, metrics, checkpoint):
-        if round_index == 1:
-            raise KeyboardInterrupt
-
-    with pytest.raises(KeyboardInterrupt):
-        run_federated(spec, progress=False, on_round=interrupt)
-    client = MlflowClient(tracking_uri)
-    killed = [r for r in client.search_runs([e.experiment_id for e in client.search_experiments()])
-              if r.info.status == "KILLED"]
-    assert len(killed) == 1
-    resumed = run_federated(spec, progress=False, resume=load_checkpoint(killed[0].data.tags["checkpoint"]))
-    assert resumed.run_id == killed[0].info.run_id
-    assert resumed.final == whole.final and resumed.initial == whole.initial
-    assert all(torch.equal(resumed.final_state[k], whole.final_state[k]) for k in whole.final_state)
-    assert client.get_run(resumed.run_id).info.status == "FINISHED"
-    assert [m.step for m in client.get_metric_history(resumed.run_id, "test_mAP")] == [0, 1, 2, 3]
-
-
 def test_fedmpt_runs_federated_on_cached_token_features(ray_cluster, tracking_uri, tmp_path, monkeypatch):
     monkeypatch.setenv("FEDVLP_FEATURE_CACHE", str(tmp_path / "features"))
     from fedvlp.config import load_spec

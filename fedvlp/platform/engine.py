@@ -59,6 +59,10 @@ def run_federated(spec, *, progress: bool = True, on_round=None, tags: dict | No
     started = time.perf_counter()
 
     # 1. Everything that depends only on the inputs, before any cluster work.
+    if not ray.is_initialized() and not os.environ.get("RAY_ADDRESS"):  # the local Ray will get this machine
+        import torch
+
+        check_fits(spec, {"CPU": os.cpu_count(), "GPU": torch.cuda.device_count()}, "this machine")
     prepare_backbone(spec, progress=progress)
     data = prepare_data(spec)
     if METHODS[spec.method.name].feature_kind == "embeddings" and data.train_missing is None:
@@ -316,21 +320,25 @@ def run_bundles(spec) -> list[dict[str, float]]:
     return [{"CPU": spec.resources.coordinator_cpus}] + [_worker_bundle(spec.resources)] * spec.resources.workers
 
 
+def check_fits(spec, totals: dict[str, float], where: str) -> None:
+    """Fail with the numbers if the run's bundles need more CPUs or GPUs than `totals` holds."""
+    for resource in ("CPU", "GPU"):
+        need = sum(b.get(resource, 0) for b in run_bundles(spec))
+        if need > totals.get(resource, 0) + 1e-9:
+            raise ResourceError(
+                f"resources: the run needs {need:g} {resource} (coordinator {spec.resources.coordinator_cpus:g} CPU + "
+                f"{spec.resources.workers} workers x {_worker_bundle(spec.resources)}) but {where} has "
+                f"{totals.get(resource, 0):g}; lower resources.workers, num_cpus or num_gpus"
+            )
+
+
 def _reserve(spec):
     """The placement group the run's actors go into: the Tune trial's, or one reserved here."""
     current = ray.util.get_current_placement_group()
     if current is not None:  # inside a Tune trial: bundle 0 is the trainable's own
         return current, 1
     bundles = run_bundles(spec)
-    totals = ray.cluster_resources()
-    for resource in ("CPU", "GPU"):
-        need = sum(b.get(resource, 0) for b in bundles)
-        if need > totals.get(resource, 0) + 1e-9:
-            raise ResourceError(
-                f"resources: the run needs {need:g} {resource} (coordinator {spec.resources.coordinator_cpus:g} CPU + "
-                f"{spec.resources.workers} workers x {_worker_bundle(spec.resources)}) but the cluster has "
-                f"{totals.get(resource, 0):g}; lower resources.workers, num_cpus or num_gpus"
-            )
+    check_fits(spec, ray.cluster_resources(), "the cluster")
     group = placement_group(bundles, strategy="PACK")
     ready, _ = ray.wait([group.ready()], timeout=spec.resources.placement_timeout_s)
     if not ready:
