@@ -122,7 +122,8 @@ class ResourcesSpec:
     num_cpus: float = spec_field(0.75, "CPUs reserved per worker", gt=0)
     num_gpus: float = spec_field(0.0, "GPUs reserved per worker; fractional (e.g. 0.25) packs workers on a GPU", ge=0)
     coordinator_cpus: float = spec_field(0.5, "CPUs reserved for the coordinator actor", gt=0)
-    round_timeout_s: float = spec_field(600.0, "a round still unfinished after this fails loudly", gt=0)
+    round_timeout_s: float = spec_field(
+        600.0, "a client update still out after this is dropped as hung and its worker replaced", gt=0)
     startup_timeout_s: float = spec_field(600.0, "workers that have not loaded backbone and data by then fail loudly", gt=0)
     placement_timeout_s: float = spec_field(60.0, "fail if the run's actors cannot be placed within this", gt=0)
     client_state_memory_mb: float = spec_field(
