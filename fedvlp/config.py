@@ -113,7 +113,7 @@ class FederationSpec:
     round_deadline_s: float | None = spec_field(
         None, "updates arriving later than this are left out of the round: wall-clock seconds, "
         "or simulated seconds when virtual_clock.enabled", gt=0)
-    virtual_clock: VirtualClockSpec = field(default_factory=lambda: VirtualClockSpec())
+    virtual_clock: VirtualClockSpec = field(default_factory=VirtualClockSpec)
 
 
 @dataclass(frozen=True)
