@@ -183,24 +183,25 @@ def _data(args) -> None:
 
 
 def _pretrain(args) -> None:
-    from fedvlp.backbones import pretrain
+    from fedvlp.backbones import pretrain_clip, pretrain_vilt
+    from fedvlp.backbones.pretrain import checkpoint_path
 
     clip = args.backbone == "tiny-clip"
-    recipe = pretrain.TinyClipRecipe() if clip else pretrain.TinyViltRecipe()
-    path = pretrain.checkpoint_path(recipe)
+    recipe = pretrain_clip.TinyClipRecipe() if clip else pretrain_vilt.TinyViltRecipe()
+    path = checkpoint_path(recipe)
     if path.exists() and not args.force:
         print(f"{args.backbone} is already pretrained: {path} (use --force to train it again)")
         return
     if clip:
-        result = pretrain.pretrain_tiny_clip()
+        result = pretrain_clip.pretrain_tiny_clip()
         print(f"zero-shot test mAP: {result['zero_shot_map_untrained']:.4f} untrained -> "
               f"{result['zero_shot_map']:.4f} pretrained\nsaved {result['path']}")
     else:
-        result = pretrain.pretrain_tiny_vilt()
+        result = pretrain_vilt.pretrain_tiny_vilt()
         print(f"pretrained in {result['seconds']:.0f} s; held-out image-text matching accuracy "
               f"{result['itm_accuracy']:.4f} (chance 0.5)\nlinear probe on the pooled feature, synthetic-recipes "
               f"test accuracy, untrained -> pretrained:")
-        for setting in pretrain.PROBE_SETTINGS:
+        for setting in pretrain_vilt.PROBE_SETTINGS:
             print(f"  {setting:<14} {result[f'probe_untrained_{setting}']:.4f} -> {result[f'probe_{setting}']:.4f}")
         print(f"saved {result['path']}")
 

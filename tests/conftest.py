@@ -20,7 +20,7 @@ def tiny_clip():
     """The tiny CLIP pretrained by `fedvlp pretrain tiny-clip` (once per machine), with its zero-shot figures."""
     from safetensors import safe_open
 
-    from fedvlp.backbones.pretrain import ensure_tiny_clip
+    from fedvlp.backbones.pretrain_clip import ensure_tiny_clip
 
     path = ensure_tiny_clip(progress=False)
     with safe_open(str(path), "pt") as f:
@@ -32,7 +32,8 @@ def tiny_clip():
 @pytest.fixture(scope="session")
 def tiny_vilt():
     """The tiny ViLT pretrained by `fedvlp pretrain tiny-vilt` (once per machine), with its measured figures."""
-    from fedvlp.backbones.pretrain import ensure_tiny_vilt, read_metadata
+    from fedvlp.backbones.pretrain import read_metadata
+    from fedvlp.backbones.pretrain_vilt import ensure_tiny_vilt
 
     path = ensure_tiny_vilt(progress=False)
     meta = read_metadata(path)

@@ -215,7 +215,7 @@ def test_class_needs_both_modalities(train, test_set):
 @pytest.mark.parametrize("kwargs, word", [
     (dict(num_samples=-1, split="train", seed=0), "num_samples"),
     (dict(num_samples=2.5, split="train", seed=0), "num_samples"),
-    (dict(num_samples=10, split="val", seed=0), "split"),
+    (dict(num_samples=10, split="validation", seed=0), "split"),
     (dict(num_samples=10, split="train", seed=0, image_size=31), "image_size"),
 ])
 def test_bad_arguments(kwargs, word):

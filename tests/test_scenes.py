@@ -187,7 +187,7 @@ def test_generation_moderate_size_runs():
 
 @pytest.mark.parametrize("kwargs, word", [
     (dict(num_samples=-1, split="train", seed=0), "num_samples"),
-    (dict(num_samples=10, split="val", seed=0), "split"),
+    (dict(num_samples=10, split="validation", seed=0), "split"),
     (dict(num_samples=10, split="train", seed=0, image_size=31), "image_size"),
 ])
 def test_bad_arguments(kwargs, word):
@@ -195,6 +195,6 @@ def test_bad_arguments(kwargs, word):
         generate_scenes(**kwargs)
 
 
-def decorrelateds_constant():
-    assert SPLITS == ("pretrain", "train", "test")
+def test_splits_and_block_constants():
+    assert SPLITS == ("pretrain", "train", "test", "val", "holdout")
     assert scenes.BLOCK >= 1000

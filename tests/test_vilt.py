@@ -125,7 +125,7 @@ def test_pretrained_tiny_vilt_beats_its_untrained_self(tiny_vilt):
 
 
 def test_pretrained_pooled_feature_probes_better_than_a_random_init(tiny_vilt):
-    from fedvlp.backbones.pretrain import probe_accuracies
+    from fedvlp.backbones.pretrain_vilt import probe_accuracies
 
     pretrained = probe_accuracies(load_vilt(spec()), settings=("full",))["full"]
     untrained = probe_accuracies(load_vilt(spec(pretrained="none")), settings=("full",))["full"]
@@ -135,7 +135,7 @@ def test_pretrained_pooled_feature_probes_better_than_a_random_init(tiny_vilt):
 def test_pretraining_is_bit_identical_for_a_seed(tmp_path, monkeypatch):
     from safetensors.torch import load_file
 
-    from fedvlp.backbones.pretrain import TinyViltRecipe, pretrain_tiny_vilt
+    from fedvlp.backbones.pretrain_vilt import TinyViltRecipe, pretrain_tiny_vilt
 
     recipe = TinyViltRecipe(steps=3, batch_size=16, pool_size=200, itm_eval_size=0, probe_train=0)
     weights = []
@@ -196,7 +196,7 @@ def test_backbone_family_and_ids(tmp_path):
     (tmp_path / "c").mkdir()
     (tmp_path / "c" / "config.json").write_text(json.dumps({"model_type": "bert"}))
     assert backbone_family(str(tmp_path / "m")) == "vilt" and backbone_family(str(tmp_path / "c")) == "clip"
-    from fedvlp.backbones.pretrain import TinyViltRecipe
+    from fedvlp.backbones.pretrain_vilt import TinyViltRecipe
 
     assert backbone_id(spec()) == f"tiny-vilt:fedvlp:{TinyViltRecipe().key()}"
     assert backbone_id(spec(pretrained="none", seed=3)) == "tiny-vilt:random:3"

@@ -26,7 +26,8 @@ def prepare_backbone(spec, progress: bool = True) -> None:
     """Make sure the weights a run needs are on this machine (pretraining tiny-clip or tiny-vilt once if needed)."""
     if not _fedvlp_pretrained(spec):
         return
-    from fedvlp.backbones.pretrain import ensure_tiny_clip, ensure_tiny_vilt
+    from fedvlp.backbones.pretrain_clip import ensure_tiny_clip
+    from fedvlp.backbones.pretrain_vilt import ensure_tiny_vilt
 
     (ensure_tiny_vilt if spec.backbone.name == TINY_VILT else ensure_tiny_clip)(progress=progress)
 
@@ -46,7 +47,8 @@ def backbone_id(spec) -> str:
     """Names the exact frozen weights, for keying cached features."""
     name, pretrained = spec.backbone.name, spec.backbone.pretrained
     if _fedvlp_pretrained(spec):
-        from fedvlp.backbones.pretrain import TinyClipRecipe, TinyViltRecipe
+        from fedvlp.backbones.pretrain_clip import TinyClipRecipe
+        from fedvlp.backbones.pretrain_vilt import TinyViltRecipe
 
         recipe = TinyViltRecipe() if name == TINY_VILT else TinyClipRecipe()
         return f"{name}:fedvlp:{recipe.key()}"
@@ -64,7 +66,7 @@ def load_clip(spec, device: str | torch.device = "cpu") -> ClipBackbone:
     """The frozen CLIP a run spec names: `backbone.name` + `backbone.pretrained`."""
     name, pretrained = spec.backbone.name, spec.backbone.pretrained
     if name == TINY_CLIP and pretrained == "fedvlp":
-        from fedvlp.backbones.pretrain import ensure_tiny_clip, load_tiny_clip_state
+        from fedvlp.backbones.pretrain_clip import ensure_tiny_clip, load_tiny_clip_state
 
         model = create_clip(name)
         model.load_state_dict(load_tiny_clip_state(ensure_tiny_clip(progress=False)))
@@ -90,7 +92,7 @@ def load_vilt(spec, device: str | torch.device = "cpu") -> ViltBackbone:
     """
     name, pretrained = spec.backbone.name, spec.backbone.pretrained
     if name == TINY_VILT and pretrained == "fedvlp":
-        from fedvlp.backbones.pretrain import ensure_tiny_vilt, load_tiny_vilt_state
+        from fedvlp.backbones.pretrain_vilt import ensure_tiny_vilt, load_tiny_vilt_state
 
         state, vocabulary = load_tiny_vilt_state(ensure_tiny_vilt(progress=False))
         backbone = create_vilt(name, vocabulary=vocabulary)

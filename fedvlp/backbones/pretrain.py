@@ -1,44 +1,42 @@
-"""`fedvlp pretrain tiny-clip | tiny-vilt`: pretraining of fedvlp's tiny backbones on synthetic data.
+"""`fedvlp pretrain tiny-clip | tiny-vilt`: what the pretraining of fedvlp's tiny backbones shares.
 
-* tiny-clip: contrastive, on synthetic-scenes captions (DESIGN §5): AdamW 1e-3, wd 0.1, batch 128,
-  5 % warm-up then cosine, a fixed number of steps over a pool of captioned images.
-* tiny-vilt: image-text matching (a binary head on the pooler output; a negative pairs an image
-  with another sample's caption) plus contrastive losses (text alone vs image alone; the pair vs
-  its text alone and its image alone), on synthetic-recipes' pretraining split;
-  AdamW 1e-3, wd 0.01, batch 64, the same schedule (`pretrain_tiny_vilt` says what was measured).
-
-Both use a fixed number of steps (not a time budget) and named random streams, so the same recipe
-gives bit-identical weights. Each result is cached under the user cache dir, keyed by a hash of
-its recipe, and written atomically so a killed run never leaves a bad file.
+The recipes themselves live one module per backbone (`pretrain_clip`, `pretrain_vilt`). Both use
+a fixed number of steps (not a time budget) and named random streams, so the same recipe gives
+bit-identical weights. Each result is cached under the user cache dir, keyed by a hash of its
+recipe *and of the code that produces it* (the pretraining module, the data generator, the model
+code and config: `_Recipe.code`), so a changed recipe or generator is never served from a stale
+cache. Entries are written atomically, so a killed run never leaves a bad file.
 """
 from __future__ import annotations
 
-import contextlib
 import hashlib
+import importlib.util
 import json
 import math
 import os
-import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable, ClassVar
 
-import numpy as np
-import open_clip
 import torch
-import torch.nn.functional as F
 from filelock import FileLock
-from safetensors.torch import load_file, safe_open, save_file
+from safetensors import safe_open
+from safetensors.torch import save_file
 from tqdm.auto import tqdm
 
-from fedvlp.backbones.clip import TINY_CLIP, ClipBackbone, create_clip
-from fedvlp.backbones.vilt import TINY_VILT, ViltBackbone, create_vilt, tiny_vocabulary
-from fedvlp.data.missing import fill_missing_images
-from fedvlp.data.recipes import SERVED, generate_recipes
-from fedvlp.data.scenes import generate_scenes
 from fedvlp.paths import cache_dir
-from fedvlp.platform.metrics import mean_average_precision
-from fedvlp.seeding import numpy_rng, torch_generator, torch_seed
+
+
+def _source_digest(names: tuple[str, ...]) -> str:
+    """sha256 over the source files of modules (dotted names) or package files (paths relative to fedvlp/)."""
+    digest = hashlib.sha256()
+    for name in names:
+        if name.endswith((".json", ".py")):
+            path = Path(__file__).resolve().parent.parent / name
+        else:
+            path = Path(importlib.util.find_spec(name).origin)
+        digest.update(name.encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()
 
 
 @dataclass(frozen=True)
@@ -48,58 +46,20 @@ class _Recipe:
 
     backbone: ClassVar[str]
     minutes: ClassVar[str]      # how long it takes on 2 cores, for the first-use message
+    code: ClassVar[tuple[str, ...]]  # the modules and files whose source shapes the weights
 
     def fingerprint(self) -> dict:
-        return asdict(self)
+        return {**asdict(self), "code": _source_digest(("fedvlp.backbones.pretrain", *self.code))}
 
     def key(self) -> str:
         return hashlib.sha256(json.dumps(self.fingerprint(), sort_keys=True).encode()).hexdigest()[:12]
 
 
-@dataclass(frozen=True)
-class TinyClipRecipe(_Recipe):
-    backbone: ClassVar[str] = TINY_CLIP
-    minutes: ClassVar[str] = "about 2 min"
-    version: int = 2  # bump when the model code or data generator changes what training produces
-    seed: int = 0
-    steps: int = 700
-    batch_size: int = 128
-    pool_size: int = 25_000
-    lr: float = 1e-3
-    weight_decay: float = 0.1
-    warmup_fraction: float = 0.05
-    eval_size: int = 2_000
-
-
-@dataclass(frozen=True)
-class TinyViltRecipe(_Recipe):
-    backbone: ClassVar[str] = TINY_VILT
-    minutes: ClassVar[str] = "about 1½ min"
-    version: int = 1  # bump when the model code or data generator changes what training produces
-    seed: int = 0
-    steps: int = 200
-    batch_size: int = 64
-    pool_size: int = 20_000
-    lr: float = 1e-3
-    weight_decay: float = 0.01
-    warmup_fraction: float = 0.05
-    describe_container: float = 1.0    # of pretraining captions that end by naming the true container
-    itc_weight: float = 0.5            # text alone <-> image alone, contrastive, on the matching pairs
-    pair_weight: float = 1.0           # the pair <-> its text alone and its image alone, contrastive
-    mlm_probability: float = 0.0       # of the word tokens of every pair; 0 turns MLM off
-    itm_eval_size: int = 2_000         # held-out pretraining-split pairs, half of them negatives
-    probe_train: int = 2_000           # linear probe: synthetic-recipes train -> test
-    probe_test: int = 1_000
-
-    def fingerprint(self) -> dict:
-        return {**asdict(self), "vocabulary": list(tiny_vocabulary())}  # the vocabulary shapes the weights
-
-
-def checkpoint_path(recipe: _Recipe = TinyClipRecipe()) -> Path:
+def checkpoint_path(recipe: _Recipe) -> Path:
     return cache_dir() / "backbones" / f"{recipe.backbone}-{recipe.key()}.safetensors"
 
 
-def _lr_at(step: int, recipe: _Recipe) -> float:
+def lr_at(step: int, recipe: _Recipe) -> float:
     warmup = max(1, int(recipe.warmup_fraction * recipe.steps))
     if step < warmup:
         return recipe.lr * (step + 1) / warmup
@@ -107,7 +67,7 @@ def _lr_at(step: int, recipe: _Recipe) -> float:
     return recipe.lr * 0.5 * (1 + math.cos(math.pi * progress))
 
 
-def _train(modules: list[torch.nn.Module], recipe: _Recipe, step_loss: Callable[[int], torch.Tensor],
+def train(modules: list[torch.nn.Module], recipe: _Recipe, step_loss: Callable[[int], torch.Tensor],
            progress: bool, after_step: Callable[[], None] | None = None) -> None:
     """AdamW (weight decay on matrices that are not embeddings) with warm-up then cosine, for
     `recipe.steps` steps of `step_loss(step)`."""
@@ -121,7 +81,7 @@ def _train(modules: list[torch.nn.Module], recipe: _Recipe, step_loss: Callable[
     bar = tqdm(range(recipe.steps), desc=f"pretraining {recipe.backbone}", disable=not progress, unit="step")
     for step in bar:
         for group in optimizer.param_groups:
-            group["lr"] = _lr_at(step, recipe)
+            group["lr"] = lr_at(step, recipe)
         loss = step_loss(step)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
@@ -132,7 +92,7 @@ def _train(modules: list[torch.nn.Module], recipe: _Recipe, step_loss: Callable[
             bar.set_postfix(loss=f"{loss.item():.3f}")
 
 
-def _save(model: torch.nn.Module, recipe: _Recipe, metrics: dict[str, float], extra: dict[str, str] | None = None) -> Path:
+def save(model: torch.nn.Module, recipe: _Recipe, metrics: dict[str, float], extra: dict[str, str] | None = None) -> Path:
     """Write the model's weights under the recipe's key, atomically, with the recipe and metrics as metadata."""
     path = checkpoint_path(recipe)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -143,7 +103,7 @@ def _save(model: torch.nn.Module, recipe: _Recipe, metrics: dict[str, float], ex
     return path
 
 
-def _ensure(recipe: _Recipe, pretrain: Callable[..., dict], progress: bool) -> Path:
+def ensure(recipe: _Recipe, pretrain: Callable[..., dict], progress: bool) -> Path:
     """The cached checkpoint, pretraining it first if this machine has none (one process at a time)."""
     path = checkpoint_path(recipe)
     if path.exists():
@@ -164,298 +124,3 @@ def read_metadata(path: Path) -> dict[str, str]:
         return dict(f.metadata() or {})
 
 
-# ---- tiny CLIP ---------------------------------------------------------------------------------
-
-def zero_shot_map(backbone: ClipBackbone, images: np.ndarray, labels: np.ndarray, class_names) -> float:
-    """Test mAP of 'a photo of a {class}.' prompts scored by cosine similarity."""
-    text = backbone.encode_texts([f"a photo of a {name}." for name in class_names])
-    scores = backbone.encode_images(images) @ text.T
-    return mean_average_precision(scores.numpy(), labels)
-
-
-def pretrain_tiny_clip(recipe: TinyClipRecipe = TinyClipRecipe(), progress: bool = True) -> dict:
-    """Train the tiny CLIP from scratch; returns {'path', 'zero_shot_map_untrained', 'zero_shot_map', 'seconds'}."""
-    start = time.perf_counter()
-    torch.manual_seed(torch_seed(recipe.seed, "pretrain", 0))  # open_clip initialises from the global RNG
-    model = create_clip(TINY_CLIP)
-    backbone = ClipBackbone(model, TINY_CLIP)
-    pool = generate_scenes(recipe.pool_size, "pretrain", recipe.seed)
-    test = generate_scenes(recipe.eval_size, "test", recipe.seed)
-    untrained = zero_shot_map(backbone, test.images, test.labels, test.class_names)
-
-    tokens = backbone.tokenize(pool.captions)
-    lengths = tokens.argmax(-1) + 1  # the EOT token has the largest id
-    images = torch.from_numpy(pool.images)
-    model.train().requires_grad_(True)
-    loss_fn = open_clip.ClipLoss()
-    generator = torch_generator(recipe.seed, "pretrain", 1)
-
-    def step_loss(step: int) -> torch.Tensor:
-        batch = torch.randint(len(pool.captions), (recipe.batch_size,), generator=generator)
-        length = int(lengths[batch].max())  # cut the batch to its longest caption: same result, faster
-        text = tokens[batch, :length]
-        image_features = F.normalize(model.encode_image(backbone.preprocess(images[batch])), dim=-1)
-        text_features = F.normalize(
-            backbone.encode_token_embeddings(backbone.embed_tokens(text), text.argmax(-1)), dim=-1
-        )
-        return loss_fn(image_features, text_features, model.logit_scale.exp())
-
-    def clamp_scale() -> None:
-        with torch.no_grad():
-            model.logit_scale.clamp_(0, math.log(100))
-
-    _train([model], recipe, step_loss, progress, after_step=clamp_scale)
-    model.eval().requires_grad_(False)
-    trained = zero_shot_map(backbone, test.images, test.labels, test.class_names)
-    path = _save(model, recipe, {"zero_shot_map_untrained": untrained, "zero_shot_map": trained})
-    return {"path": str(path), "zero_shot_map_untrained": untrained, "zero_shot_map": trained,
-            "seconds": time.perf_counter() - start}
-
-
-def ensure_tiny_clip(recipe: TinyClipRecipe = TinyClipRecipe(), progress: bool = True) -> Path:
-    """The cached tiny CLIP checkpoint, pretraining it first if this machine has none."""
-    return _ensure(recipe, pretrain_tiny_clip, progress)
-
-
-def load_tiny_clip_state(path: Path) -> dict[str, torch.Tensor]:
-    return load_file(str(path))
-
-
-# ---- tiny ViLT ---------------------------------------------------------------------------------
-
-@contextlib.contextmanager
-def _one_thread():
-    """Run on one CPU thread: a model this small gains little from intra-op threads, loses a lot
-    when the cores are shared (measured: 0.37 s/step on one thread, 7 s on two, beside other jobs),
-    and its bits then do not depend on the machine's core count."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(threads)
-
-
-PROBE_SETTINGS = ("full", "text_missing", "image_missing")
-
-
-@torch.no_grad()
-def pooled_features(backbone: ViltBackbone, images: np.ndarray, texts, setting: str = "full",
-                    chunk: int = 512) -> torch.Tensor:
-    """The frozen pooler output [n, D] of every pair, with every text blanked ('text_missing') or
-    every image replaced by the all-ones image ('image_missing')."""
-    if setting not in PROBE_SETTINGS:
-        raise ValueError(f"setting must be one of {PROBE_SETTINGS}, got {setting!r}")
-    texts = [""] * len(texts) if setting == "text_missing" else list(texts)
-    image_missing = np.full(len(texts), setting == "image_missing")
-    hidden, mask = backbone.embed(images, texts, image_missing)
-    out = [backbone.pooler(backbone.encode(hidden[i:i + chunk].to(backbone.device), mask[i:i + chunk]))
-           for i in range(0, len(hidden), chunk)]
-    return torch.cat(out).float().cpu()
-
-
-def logistic_probe(train_x: torch.Tensor, train_y: torch.Tensor, test_x: torch.Tensor, test_y: torch.Tensor,
-                   weight_decay: float = 1e-3, iterations: int = 200) -> float:
-    """Test accuracy of an L2-regularised multinomial logistic regression on standardised features
-    (full-batch L-BFGS from zero, so deterministic)."""
-    mean, std = train_x.mean(0), train_x.std(0).clamp_min(1e-6)
-    train_x, test_x = (train_x - mean) / std, (test_x - mean) / std
-    classes = int(max(train_y.max(), test_y.max())) + 1
-    weight = torch.zeros(train_x.shape[1], classes, requires_grad=True)
-    bias = torch.zeros(classes, requires_grad=True)
-    optimizer = torch.optim.LBFGS([weight, bias], lr=1, max_iter=iterations, history_size=20,
-                                  tolerance_grad=1e-9, tolerance_change=1e-12, line_search_fn="strong_wolfe")
-
-    def closure() -> torch.Tensor:
-        optimizer.zero_grad()
-        loss = F.cross_entropy(train_x @ weight + bias, train_y) + weight_decay * weight.pow(2).sum()
-        loss.backward()
-        return loss
-
-    optimizer.step(closure)
-    with torch.no_grad():
-        return float(((test_x @ weight + bias).argmax(1) == test_y).float().mean())
-
-
-def probe_accuracies(backbone: ViltBackbone, seed: int = 0, num_train: int = 2_000, num_test: int = 1_000,
-                     settings: tuple[str, ...] = PROBE_SETTINGS) -> dict[str, float]:
-    """Linear-probe test accuracy on the pooler output, synthetic-recipes train -> test (16 classes),
-    with both modalities ('full'), every text missing, and every image missing (train and test alike)."""
-    train = generate_recipes(num_train, "train", seed)
-    test = generate_recipes(num_test, "test", seed)
-    out = {}
-    for setting in settings:
-        with _one_thread():
-            out[setting] = logistic_probe(pooled_features(backbone, train.images, train.texts, setting),
-                                          torch.from_numpy(train.labels),
-                                          pooled_features(backbone, test.images, test.texts, setting),
-                                          torch.from_numpy(test.labels))
-    return out
-
-
-class _ViltPretrainingHeads(torch.nn.Module):
-    """What pretraining adds on top of the ViltModel and then drops. The batch norms centre the
-    pooled features over the batch: at initialisation token 0 barely depends on the input, and
-    without them neither the matching head nor the contrastive losses get off the ground."""
-
-    def __init__(self, dim: int, vocab_size: int):
-        super().__init__()
-
-        def projection() -> torch.nn.Module:
-            return torch.nn.Sequential(torch.nn.Linear(dim, dim), torch.nn.BatchNorm1d(dim))
-
-        self.itm = torch.nn.Sequential(torch.nn.BatchNorm1d(dim), torch.nn.Linear(dim, 2))
-        self.text, self.image, self.pair = projection(), projection(), projection()
-        self.logit_scale = torch.nn.Parameter(torch.full((2,), math.log(1 / 0.07)))  # itc, pair
-        self.mlm = torch.nn.Sequential(torch.nn.Linear(dim, dim), torch.nn.GELU(), torch.nn.LayerNorm(dim),
-                                       torch.nn.Linear(dim, vocab_size))
-
-
-def _contrastive(a: torch.Tensor, b: torch.Tensor, log_scale: torch.Tensor) -> torch.Tensor:
-    """Symmetric InfoNCE of row i of `a` against row i of `b` (L2-normalised)."""
-    logits = log_scale.exp() * F.normalize(a, dim=-1) @ F.normalize(b, dim=-1).T
-    target = torch.arange(len(a), device=a.device)
-    return (F.cross_entropy(logits, target) + F.cross_entropy(logits.T, target)) / 2
-
-
-def pretraining_captions(data, describe_container: float, seed: int) -> list[str]:
-    """The pretraining split's titles as captions: with probability `describe_container` the
-    title's own 'served in a ...' hint (if any) is replaced by one naming the true container,
-    as alt-text describes the photo it comes with."""
-    describe = numpy_rng(seed, "pretrain", 3).random(len(data)) < describe_container
-    out = []
-    for text, container, d in zip(data.texts, data.container, describe):
-        if d:
-            text = next((text[: -len(s)].rstrip() for s in SERVED if text.endswith(s)), text)
-            text = f"{text} {SERVED[container]}"
-        out.append(text)
-    return out
-
-
-def _draw_pairs(n: int, batch_size: int, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(image index, text index, match) of a batch: half the pairs, on average, take the text of
-    another sample (a different one, drawn uniformly)."""
-    images = torch.randint(n, (batch_size,), generator=generator)
-    negative = torch.rand(batch_size, generator=generator) < 0.5
-    other = (images + torch.randint(1, n, (batch_size,), generator=generator)) % n
-    return images, torch.where(negative, other, images), (~negative).long()
-
-
-@torch.no_grad()
-def itm_accuracy(backbone: ViltBackbone, head: torch.nn.Module, images: np.ndarray, texts, seed: int) -> float:
-    """Accuracy of the ITM head on pairs drawn like training pairs from (images, texts)."""
-    image_idx, text_idx, match = _draw_pairs(len(texts), len(texts), torch_generator(seed, "pretrain", 2))
-    hidden, mask = backbone.embed(images[image_idx.numpy()], [texts[i] for i in text_idx.tolist()],
-                                  np.zeros(len(texts), bool))
-    logits = head(backbone.pooler(backbone.encode(hidden.to(backbone.device), mask)))
-    return float((logits.argmax(1).cpu() == match).float().mean())
-
-
-def pretrain_tiny_vilt(recipe: TinyViltRecipe = TinyViltRecipe(), progress: bool = True,
-                       device: str | torch.device = "cpu") -> dict:
-    """Train the tiny ViLT from scratch on synthetic-recipes' pretraining split.
-
-    Each step draws a batch of pairs, half of them negatives (an image with another sample's
-    caption), and runs three passes: the pair; its text alone; its image alone (the other
-    modality blanked, exactly as a missing one is at run time). Losses, all on pooler outputs:
-    image-text matching (binary) on the pair; contrastive text-alone <-> image-alone on the
-    matching pairs (`itc_weight`); contrastive pair <-> its text alone and <-> its image alone
-    (`pair_weight`), so the pair's pooled feature keeps what identifies both its inputs; and,
-    if `mlm_probability`, masked-language modelling on the pair's text tokens.
-
-    Measured (default recipe, pretraining seeds 0 / 1; README "The tiny ViLT"): held-out matching
-    0.72 / 0.61; linear probe on the pooled pair 0.35 -> 0.46 / 0.32 -> 0.48. `itc_weight` 0 gave
-    probes of 0.42 and weaker prompt tuning downstream, 1 matching up to 0.73 but probes of 0.35 /
-    0.40; matching alone reached 0.75 but lowered the probe to 0.26; MLM did not raise it; without
-    the container in the captions matching stayed at chance.
-
-    Returns {'path', 'seconds', 'itm_accuracy', 'probe_untrained_<setting>', 'probe_<setting>'}
-    (settings: PROBE_SETTINGS); only the ViltModel weights are saved. Every draw is made on the
-    CPU, but another `device` computes other bits (`ensure_tiny_vilt`, and so the cache, always
-    trains on the CPU).
-    """
-    with _one_thread():
-        return _pretrain_tiny_vilt(recipe, progress, device)
-
-
-def _pretrain_tiny_vilt(recipe: TinyViltRecipe, progress: bool, device: str | torch.device) -> dict:
-    start = time.perf_counter()
-    torch.manual_seed(torch_seed(recipe.seed, "pretrain", 0))  # transformers initialises from the global RNG
-    vocabulary = tiny_vocabulary()
-    backbone = create_vilt(TINY_VILT, vocabulary=vocabulary)
-    model = backbone.model
-    heads = _ViltPretrainingHeads(backbone.hidden_size, len(vocabulary))
-    backbone.to(device), heads.to(device)
-    untrained = probe_accuracies(backbone, recipe.seed, recipe.probe_train, recipe.probe_test) \
-        if recipe.probe_train else {}
-
-    data = generate_recipes(recipe.pool_size + recipe.itm_eval_size, "pretrain", recipe.seed)
-    captions = pretraining_captions(data, recipe.describe_container, recipe.seed)
-    n = recipe.pool_size
-    ids, text_mask = (t.cpu() for t in backbone.tokenize(captions[:n]))  # drawn from on the CPU
-    lengths = text_mask.sum(1)
-    images = torch.from_numpy(data.images[:n])
-    tokenizer = backbone.tokenizer
-    special = torch.tensor([tokenizer.pad_token_id, tokenizer.cls_token_id, tokenizer.sep_token_id])
-    blank_ids, blank_mask = (t[:, :2].to(device) for t in backbone.tokenize([""]))  # [CLS] [SEP]
-    generator = torch_generator(recipe.seed, "pretrain", 1)
-    model.train().requires_grad_(True)
-    heads.train()
-
-    def step_loss(step: int) -> torch.Tensor:
-        image_idx, text_idx, match = _draw_pairs(n, recipe.batch_size, generator)
-        length = int(lengths[text_idx].max())  # cut the batch to its longest text: faster
-        tokens, mask = ids[text_idx, :length].clone(), text_mask[text_idx, :length]
-        masked = ~torch.isin(tokens, special) & (torch.rand(tokens.shape, generator=generator) < recipe.mlm_probability)
-        labels = torch.where(masked, tokens, torch.full_like(tokens, -100)).to(device)
-        tokens[masked] = tokenizer.mask_token_id  # every pair, matching or not, so masks say nothing of matching
-        pixels = backbone.preprocess(images[image_idx])
-        match, tokens, mask = match.to(device), tokens.to(device), mask.to(device)
-        out = backbone.encode(*backbone.embed_tokens(tokens, mask, pixels))
-        pair = backbone.pooler(out)
-        loss = F.cross_entropy(heads.itm(pair), match)
-        if masked.any():
-            loss = loss + F.cross_entropy(heads.mlm(out[:, :length][labels >= 0]), labels[labels >= 0])
-        if recipe.itc_weight or recipe.pair_weight:
-            # each modality alone, the other one blanked as a missing one is
-            full_text = ids[text_idx, :length].to(device)
-            blank_image = torch.ones(len(match), dtype=torch.bool, device=device)
-            text = backbone.pooler(backbone.encode(*backbone.embed_tokens(
-                full_text, mask, fill_missing_images(pixels, blank_image))))
-            image = backbone.pooler(backbone.encode(*backbone.embed_tokens(
-                blank_ids.expand(len(match), -1), blank_mask.expand(len(match), -1), pixels)))
-            text, image = heads.text(text), heads.image(image)
-            if recipe.itc_weight:
-                matching = match.bool()
-                loss = loss + recipe.itc_weight * _contrastive(text[matching], image[matching], heads.logit_scale[0])
-            if recipe.pair_weight:
-                pair = heads.pair(pair)
-                loss = loss + recipe.pair_weight / 2 * (_contrastive(pair, text, heads.logit_scale[1])
-                                                        + _contrastive(pair, image, heads.logit_scale[1]))
-        return loss
-
-    def clamp_scales() -> None:
-        with torch.no_grad():
-            heads.logit_scale.clamp_(0, math.log(100))
-
-    _train([model, heads], recipe, step_loss, progress, after_step=clamp_scales)
-    model.eval().requires_grad_(False)
-    heads.eval().requires_grad_(False)
-    metrics = {"itm_accuracy": itm_accuracy(backbone, heads.itm, data.images[n:], captions[n:], recipe.seed)
-               if recipe.itm_eval_size else float("nan")}
-    if recipe.probe_train:
-        trained = probe_accuracies(backbone, recipe.seed, recipe.probe_train, recipe.probe_test)
-        metrics.update({f"probe_untrained_{k}": v for k, v in untrained.items()})
-        metrics.update({f"probe_{k}": v for k, v in trained.items()})
-    path = _save(model.cpu(), recipe, metrics, {"vocabulary": json.dumps(list(vocabulary))})
-    return {"path": str(path), "seconds": time.perf_counter() - start, **metrics}
-
-
-def ensure_tiny_vilt(recipe: TinyViltRecipe = TinyViltRecipe(), progress: bool = True) -> Path:
-    """The cached tiny ViLT checkpoint, pretraining it first if this machine has none."""
-    return _ensure(recipe, pretrain_tiny_vilt, progress)
-
-
-def load_tiny_vilt_state(path: Path) -> tuple[dict[str, torch.Tensor], tuple[str, ...]]:
-    """(ViltModel state dict, tokenizer vocabulary) of a pretrained tiny ViLT."""
-    return load_file(str(path)), tuple(json.loads(read_metadata(path)["vocabulary"]))

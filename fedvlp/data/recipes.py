@@ -33,9 +33,9 @@ Measured (tests/test_recipes.py, seed 0, 2,000 train / 1,000 test, logistic regr
 2x2-pooled pixels and/or bag of words): image alone 0.26, text alone 0.25, both 0.61;
 container from pixels 0.96, cuisine from words 0.74.
 
-Everything is drawn from ``numpy_rng(seed, "data", 10 + SPLITS.index(split))`` (streams 10-12,
-apart from synthetic-scenes' 0-2) in fixed blocks of ``BLOCK`` samples, so a set is a prefix of
-any larger set with the same seed and split. The three splits share one distribution.
+Everything is drawn from ``numpy_rng(seed, "data", 10 + SPLITS.index(split))`` (streams 10-14,
+apart from synthetic-scenes' 0-4) in fixed blocks of ``BLOCK`` samples, so a set is a prefix of
+any larger set with the same seed and split. All five splits share one distribution.
 """
 from __future__ import annotations
 
@@ -46,7 +46,7 @@ import numpy as np
 from fedvlp.data.synthetic import check_generator_args
 from fedvlp.seeding import numpy_rng
 
-SPLITS = ("pretrain", "train", "test")
+SPLITS = ("pretrain", "train", "test", "val", "holdout")
 STREAM_OFFSET = 10
 CUISINES = ("ginger", "basil", "chili", "lemon")
 CONTAINERS = ("bowl", "plate", "cup", "tray")

@@ -9,14 +9,15 @@ splits: each context prefers 5 classes (one per shape, colours spread, the four 
 disjoint and cover all 20 classes) and one background. Each object comes from the preferred
 set with probability ``P_PREFERRED`` (else uniformly over all classes not yet in the image),
 and the background is the preferred one with probability ``P_BACKGROUND`` (else uniform).
-The ``test`` split draws objects and background independently and uniformly (context = -1),
-so co-occurrence learned on train does not hold at test.
+The ``test`` and ``val`` splits draw objects and background independently and uniformly
+(context = -1), so co-occurrence learned on train does not hold there; ``holdout`` (the pool the
+clients' local test sets come from) is drawn like ``train``.
 
 Objects sit one per quadrant (the quadrant is jittered within its cell, never crossing it),
 so they never overlap. Conditions per image, stored as int arrays in ``SceneSet.conditions``
 and named in the captions:
 
-* ``context``    0..3 (-1 in test)
+* ``context``    0..3 (-1 in test and val)
 * ``background`` ``BACKGROUNDS``  = plain, striped, checked, gradient, noisy (neutral, low
   saturation colours, never an object colour)
 * ``lighting``   ``LIGHTINGS``    = dim, normal, bright (whole-image gain with a slight tint)
@@ -44,7 +45,8 @@ import numpy as np
 from fedvlp.data.synthetic import check_generator_args
 from fedvlp.seeding import numpy_rng
 
-SPLITS = ("pretrain", "train", "test")
+SPLITS = ("pretrain", "train", "test", "val", "holdout")
+DECORRELATED_SPLITS = ("test", "val")
 SHAPES = ("circle", "square", "triangle", "diamond", "cross")
 COLOURS = ("red", "green", "blue", "yellow")
 CLASS_NAMES = [f"{colour} {shape}" for colour in COLOURS for shape in SHAPES]
@@ -140,7 +142,7 @@ def generate_scenes(num_samples: int, split: str, seed: int, image_size: int = 3
 
 def _draw_block(rng: np.random.Generator, split: str, size: int) -> dict[str, np.ndarray]:
     b = BLOCK
-    decorrelated = split == "test"
+    decorrelated = split in DECORRELATED_SPLITS
     context = rng.integers(0, NUM_CONTEXTS, b)
     count = rng.choice(np.arange(1, 4), size=b, p=OBJECT_COUNT_P)
     quadrant_order = np.argsort(rng.random((b, 4)), axis=1)
