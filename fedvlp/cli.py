@@ -10,10 +10,12 @@ from fedvlp.errors import FedvlpError
 HELP = """fedvlp: federated prompt tuning of frozen vision-language models on Ray, tracked in MLflow.
 
   fedvlp run                       the quickstart: PromptFL on synthetic-scenes with fedvlp's tiny CLIP
-  fedvlp run CONFIG --set k=v      any run config, with dotted-key overrides
-  fedvlp sweep tune_spaces/X.yaml  a Ray Tune sweep of whole runs (--resume continues an interrupted one)
+  fedvlp run CONFIG --set k=v      any run config (a shipped name such as fedmpt_scenes, or a YAML path)
+  fedvlp sweep SPACE               a Ray Tune sweep of whole runs (a shipped name such as smoke, or a path)
+  fedvlp tune CONFIG --budget N    tune a method's hyper-parameters on val; writes a config you can run
   fedvlp report EXPERIMENT         tables and plots of a sweep, logged to its MLflow parent run
   fedvlp data stats CONFIG         what each client holds, and the heterogeneity figure
+  fedvlp list KIND                 shipped configs and spaces; registered methods, datasets, partitioners, rules
   fedvlp pretrain tiny-clip        pretrain and cache the tiny CLIP (done on first use otherwise)
   fedvlp pretrain tiny-vilt        pretrain and cache the tiny ViLT (done on first use otherwise)
 """
@@ -30,7 +32,8 @@ def _parser() -> argparse.ArgumentParser:
     run = commands.add_parser("run", help="run one federated experiment and log it to MLflow",
                               description="Run one federated experiment: a Coordinator actor and a pool of "
                                           "ClientWorker actors on Ray, logged as one MLflow run.")
-    run.add_argument("config", nargs="?", help="run config YAML (default: configs/quickstart.yaml)")
+    run.add_argument("config", nargs="?", help="run config: a shipped name (fedvlp list configs) or a YAML path "
+                                               "(default: quickstart)")
     _add_overrides(run, "override a dotted config key, e.g. --set federation.rounds=3 (repeatable)")
     run.add_argument("--resume", metavar="RUN_ID",
                      help="continue MLflow run RUN_ID from its last round checkpoint, with its own config "
@@ -45,7 +48,7 @@ def _parser() -> argparse.ArgumentParser:
         description="Run a search space (tune_spaces/*.yaml): every trial is one whole federated run with its own "
                     "placement group, reporting and checkpointing every round; one MLflow experiment with a parent "
                     "run and one nested run per trial.")
-    sweep.add_argument("space", help="search-space YAML, e.g. tune_spaces/smoke.yaml")
+    sweep.add_argument("space", help="search space: a shipped name (fedvlp list spaces), e.g. smoke, or a YAML path")
     _add_overrides(sweep, "override a dotted key of the base run config for every trial (repeatable)")
     sweep.add_argument("--resume", action="store_true",
                        help="continue an interrupted sweep: finished trials are kept, unfinished ones resume "
@@ -68,9 +71,17 @@ def _parser() -> argparse.ArgumentParser:
         description="Print, per client, its size, its most frequent classes and (image+text data) its missing "
                     "pattern, then the mean pairwise Jensen-Shannon distance between client label distributions. "
                     "No Ray, no MLflow.")
-    stats.add_argument("config", nargs="?", help="run config YAML (default: configs/quickstart.yaml)")
+    stats.add_argument("config", nargs="?", help="run config: a shipped name or a YAML path (default: quickstart)")
     _add_overrides(stats, "override a dotted config key (repeatable)")
     stats.add_argument("--plot", metavar="PNG", help="also save a client x class count heatmap")
+
+    listing = commands.add_parser("list", help="what can be named: configs, spaces, methods, datasets, partitioners, rules",
+                                  description="List the shipped configs and search spaces, or the registered methods "
+                                              "(with their tunable hyper-parameters), datasets (with their options), "
+                                              "partitioners and server rules, plugins included.")
+    listing.add_argument("kind", choices=LIST_KINDS)
+    listing.add_argument("--set", dest="overrides", action="append", default=[], metavar="plugins=[...]",
+                         help="e.g. --set plugins=[my_plugin] to list what a plugin registers")
 
     pretrain = commands.add_parser("pretrain", help="pretrain and cache a tiny backbone",
                                    description="Pretrain one of fedvlp's tiny backbones (deterministic) and cache it "
@@ -83,6 +94,48 @@ def _parser() -> argparse.ArgumentParser:
                                "(about 1 1/2 min)")
     pretrain.add_argument("--force", action="store_true", help="pretrain again even if a cached copy exists")
     return parser
+
+
+LIST_KINDS = ("configs", "spaces", "methods", "datasets", "partitioners", "rules")
+
+
+def _list(args) -> None:
+    import dataclasses
+
+    from fedvlp.config import CONFIGS_DIR, SPACES_DIR, apply_overrides
+    from fedvlp.plugins import env_plugins, load_plugins
+
+    if args.kind in ("configs", "spaces"):
+        for path in sorted((CONFIGS_DIR if args.kind == "configs" else SPACES_DIR).glob("*.yaml")):
+            first = path.read_text().splitlines()[0].lstrip("# ") if path.read_text() else ""
+            print(f"{path.stem:<26} {first}")
+        return
+    load_plugins([*env_plugins(), *apply_overrides({}, args.overrides).get("plugins", [])])
+    if args.kind == "methods":
+        from fedvlp.methods import METHODS
+        from fedvlp.spec import tuning_ranges
+
+        for name, cls in METHODS.items():
+            tuned = ", ".join(f"{k} {r.describe()}" for k, r in tuning_ranges(cls.Params).items()) or "nothing to tune"
+            print(f"{name:<14} {cls.backbone_kind:<5} {cls.feature_kind:<11} tunes: {tuned}")
+    elif args.kind == "datasets":
+        from fedvlp.data.registry import datasets
+
+        for name, reader in datasets().items():
+            options = ", ".join(f.name for f in dataclasses.fields(reader.options)) if reader.options else "-"
+            print(f"{name:<18} {'root needed' if reader.needs_root else 'generated':<12} options: {options:<10} "
+                  f"{reader.doc}")
+    elif args.kind == "partitioners":
+        from fedvlp.data.partition import PARTITIONERS
+
+        for name, partitioner in PARTITIONERS.items():
+            print(f"{name:<14} {partitioner.labels:<10} {partitioner.doc}")
+    else:
+        from fedvlp.platform.aggregation import RULES
+
+        for name, rule in RULES.items():
+            options = ", ".join(f.name for f in dataclasses.fields(rule.options)) if rule.options else "-"
+            print(f"{name:<12} {rule.kind:<8} options: {options:<28} {rule.doc}")
 
 
 def _run(args) -> None:
@@ -134,10 +187,17 @@ def ui_command(uri: str) -> str:
     return f"mlflow ui --backend-store-uri {uri} --host 127.0.0.1 --port 5000"
 
 
+TABLE_KEYS = ("mAP", "CF1", "OF1", "hallucination_gap", "accuracy", "macro_f1")  # the rest are in MLflow
+
+
 def format_table(initial: dict, final: dict, rounds: int) -> str:
-    keys = ["mAP", "CF1", "OF1", "CP", "CR", "OP", "OR", "CF1_top3", "OF1_top3", "accuracy", "macro_f1"]
-    rows = [f"{'metric':<10} {'round 0':>9} {f'round {rounds}':>9}", "-" * 30]
-    rows += [f"{k:<10} {initial[k]:>9.4f} {final[k]:>9.4f}" for k in keys if k in final]
+    """The run's headline metrics on val, test and the clients' own test sets, before and after training."""
+    rows = [f"{'metric':<18} {'split':<9} {'round 0':>9} {f'round {rounds}':>9}", "-" * 48]
+    for key in TABLE_KEYS:
+        for split in ("val", "test", "personal"):
+            name = f"{split}_{key}"
+            if name in final:
+                rows.append(f"{key:<18} {split:<9} {initial.get(name, float('nan')):>9.4f} {final[name]:>9.4f}")
     return "\n".join(rows)
 
 
@@ -218,7 +278,8 @@ def one_line(error: FedvlpError) -> str:
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
-        {"run": _run, "sweep": _sweep, "report": _report, "data": _data, "pretrain": _pretrain}[args.command](args)
+        {"run": _run, "sweep": _sweep, "report": _report, "data": _data, "pretrain": _pretrain,
+         "list": _list}[args.command](args)
     except FedvlpError as exc:
         print(f"fedvlp: error: {one_line(exc)}", file=sys.stderr)
         return 2

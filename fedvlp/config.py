@@ -1,14 +1,19 @@
 """Run configs: YAML + `--set a.b=c` overrides -> a typed, validated `RunSpec`.
 
-Every field is declared once below with its type, default, range and help text. Anything
-else (an unknown key, a wrong type, a value out of range) is a `ConfigError` whose one-line
-message names the dotted key, raised before any Ray or MLflow work starts. YAML is read with
+Every field is declared once below with its type, default, range and help text (`fedvlp.spec`).
+Anything else (an unknown key, a wrong type, a value out of range, an unknown method, dataset,
+partitioner or server rule, a plugin that does not import) is a `ConfigError` whose one-line message
+names the dotted key, raised before any Ray or MLflow work starts. YAML is read with
 `yaml.safe_load`; nothing in a config is evaluated as code.
+
+Configs and search spaces ship inside the package (`fedvlp/configs`, `fedvlp/tune_spaces`), so an
+installed wheel runs as a checkout does: `fedvlp run fedmpt_scenes` names a shipped config, and any
+path to a YAML file of your own works too.
 """
 from __future__ import annotations
 
 import dataclasses
-import types
+import sys
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,17 +22,12 @@ from typing import Any, Literal
 import yaml
 
 from fedvlp.errors import ConfigError
+from fedvlp.spec import build_dataclass, flatten, spec_field, type_name
 
-CONFIGS_DIR = Path(__file__).resolve().parent.parent / "configs"
+PACKAGE_DIR = Path(__file__).resolve().parent
+CONFIGS_DIR = PACKAGE_DIR / "configs"
+SPACES_DIR = PACKAGE_DIR / "tune_spaces"
 DEFAULT_CONFIG = CONFIGS_DIR / "quickstart.yaml"
-
-
-def spec_field(default, help: str, *, ge=None, gt=None, le=None, lt=None):
-    """A config field with its help text and an optional numeric range."""
-    bounds = {"ge": ge, "gt": gt, "le": le, "lt": lt}
-    return field(default=default, metadata={"help": help, **{k: v for k, v in bounds.items() if v is not None}})
-
-
 CHECKPOINT_SUFFIXES = (".pt", ".pth", ".bin", ".ckpt", ".safetensors")
 
 
@@ -52,20 +52,22 @@ class BackboneSpec:
                                   f"model directory, or a model name or tag")
 
 
-SYNTHETIC_DATASETS = ("synthetic-scenes", "synthetic-recipes")
-REAL_DATASETS = ("voc2007", "coco2014", "nuswide", "food101", "mmimdb")
-
-
 @dataclass(frozen=True)
 class DataSpec:
-    name: Literal["synthetic-scenes", "synthetic-recipes", "voc2007", "coco2014", "nuswide", "food101", "mmimdb"] = \
-        spec_field("synthetic-scenes", "dataset")
+    name: str = spec_field("synthetic-scenes", "dataset, by registered name (fedvlp list datasets)")
     root: str | None = spec_field(None, "dataset root on disk, in its published layout (real datasets only)")
+    options: dict[str, Any] = spec_field({}, "the dataset reader's own options, e.g. food101 {top_k: 8}, mmimdb "
+                                             "{protocol: fedprime} (fedvlp list datasets shows them)")
     num_train: int = spec_field(2000, "synthetic training samples", ge=1)
+    num_val: int = spec_field(500, "synthetic validation samples: what tuning and sweeps select on "
+                                   "(scenes: co-occurrence decorrelated, like test)", ge=1)
     num_test: int = spec_field(1000, "synthetic test samples (scenes: co-occurrence decorrelated)", ge=1)
-    top_k: int | None = spec_field(None, "food101: keep the k classes most frequent in train", ge=1)
-    protocol: Literal["multilabel", "fedprime"] = spec_field(
-        "multilabel", "mmimdb: 23-genre multi-label, or FED-PRIME's single-genre top-8 protocol")
+    num_holdout: int = spec_field(500, "synthetic held-out pool, drawn like train and split over the clients "
+                                       "by the partition rule: their local test sets (0: no personal metrics)", ge=0)
+    val_fraction: float = spec_field(0.1, "real datasets without an official validation split: the fraction of "
+                                          "the training data split off as val, by the seed", gt=0, lt=1)
+    holdout_fraction: float = spec_field(0.1, "real datasets: the fraction of the training data split off as the "
+                                              "held-out pool of the clients' local test sets", ge=0, lt=1)
     label_mask: float = spec_field(0.0, "multi-label: each training annotation is hidden with this probability", ge=0, lt=1)
     mask_as: Literal["unknown", "negative"] = spec_field(
         "unknown", "a hidden label is unknown (-1, ignored by the loss) or dropped to negative")
@@ -75,13 +77,6 @@ class DataSpec:
     missing_client_skew: float = spec_field(
         0.0, "0: clients differ only by their samples; up to 1: clients differ in which modality they miss", ge=0, le=1)
     feature_cache: bool = spec_field(True, "cache frozen image features on disk under the cache dir")
-
-    def __post_init__(self):
-        if self.name in REAL_DATASETS:
-            if not self.root:
-                raise ConfigError(f"data.root: required for {self.name} (the directory of its published layout)")
-            if not Path(self.root).expanduser().is_dir():
-                raise ConfigError(f"data.root: {self.root} is not a directory; expected the {self.name} dataset root")
 
 
 @dataclass(frozen=True)
@@ -98,8 +93,10 @@ class VirtualClockSpec:
 class FederationSpec:
     clients: int = spec_field(10, "number of virtual clients N", ge=1)
     participation: float = spec_field(1.0, "fraction rho of clients sampled per round, max(1, round(rho*N))", gt=0, le=1)
-    partition: Literal["auto", "heterogeneity", "dirichlet", "iid"] = spec_field(
-        "auto", "client split: auto = heterogeneity for multi-label data, dirichlet for single-label")
+    partition: str = spec_field(
+        "auto", "client split, by registered name (fedvlp list partitioners): auto = heterogeneity for "
+        "multi-label data, dirichlet for single-label")
+    partition_options: dict[str, Any] = spec_field({}, "a plugin partitioner's own options")
     heterogeneity: float = spec_field(0.5, "label skew t: 0 = IID, 1 = one co-occurrence pattern per client", ge=0, le=1)
     dirichlet_alpha: float = spec_field(0.5, "single-label skew: per class, client shares ~ Dir(alpha)", gt=0)
     rounds: int = spec_field(5, "federated rounds", ge=1)
@@ -114,6 +111,14 @@ class FederationSpec:
         None, "updates arriving later than this are left out of the round: wall-clock seconds, "
         "or simulated seconds when virtual_clock.enabled", gt=0)
     virtual_clock: VirtualClockSpec = field(default_factory=VirtualClockSpec)
+
+
+@dataclass(frozen=True)
+class ServerSpec:
+    rules: dict[str, str] = spec_field(
+        {}, "parameter-name prefix -> server rule (fedvlp list rules), overriding the method's own rule for that "
+            "prefix, e.g. {'': fedadam}; the longest prefix wins")
+    options: dict[str, dict] = spec_field({}, "server rule -> its options, e.g. {fedadam: {lr: 0.01}}")
 
 
 @dataclass(frozen=True)
@@ -147,21 +152,33 @@ class MethodSpec:
 class RunSpec:
     method: MethodSpec
     seed: int = spec_field(0, "the one seed every random stream derives from", ge=0)
+    plugins: tuple[str, ...] = spec_field(
+        (), "modules to import first in every process (they register methods, rules, datasets, partitioners)")
     backbone: BackboneSpec = field(default_factory=BackboneSpec)
     data: DataSpec = field(default_factory=DataSpec)
     federation: FederationSpec = field(default_factory=FederationSpec)
+    server: ServerSpec = field(default_factory=ServerSpec)
     resources: ResourcesSpec = field(default_factory=ResourcesSpec)
     tracking: TrackingSpec = field(default_factory=TrackingSpec)
     output_dir: str = spec_field("fedvlp-runs", "where round checkpoints are written")
 
     def to_dict(self) -> dict:
-        out = dataclasses.asdict(self)
-        out["method"] = {"name": self.method.name, **dataclasses.asdict(self.method.params)}
+        out = _plain(dataclasses.asdict(self))
+        out["method"] = {"name": self.method.name, **_plain(dataclasses.asdict(self.method.params))}
         return out
 
     def flat(self) -> dict[str, Any]:
         """The config as dotted keys, as logged to MLflow params."""
         return flatten(self.to_dict())
+
+
+def _plain(value):
+    """Tuples as lists, so the dict dumps as plain YAML and reads back as the same config."""
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return value
 
 
 def describe_keys(spec: RunSpec) -> list[tuple[str, str, Any, str]]:
@@ -171,108 +188,31 @@ def describe_keys(spec: RunSpec) -> list[tuple[str, str, Any, str]]:
         for f in dataclasses.fields(obj):
             value = getattr(obj, f.name)
             if isinstance(value, MethodSpec):
-                yield "method.name", "str", value.name, "the algorithm (fedvlp.methods)"
+                yield "method.name", "str", value.name, "the algorithm (fedvlp list methods)"
                 yield from walk(value.params, "method.")
-            elif dataclasses.is_dataclass(value):
+            elif dataclasses.is_dataclass(value) and dataclasses.is_dataclass(hints[f.name]):
                 yield from walk(value, f"{prefix}{f.name}.")
             else:
-                yield f"{prefix}{f.name}", _type_name(hints[f.name]), value, f.metadata.get("help", "")
+                help_text = f.metadata.get("help", "")
+                if "tune" in f.metadata:
+                    help_text += f" [tuned: {f.metadata['tune'].describe()}]"
+                shown = dataclasses.asdict(value) if dataclasses.is_dataclass(value) else value
+                yield f"{prefix}{f.name}", type_name(hints[f.name]), shown, help_text
     return list(walk(spec, ""))
 
 
-def flatten(tree: dict, prefix: str = "") -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for key, value in tree.items():
-        if isinstance(value, dict):
-            out.update(flatten(value, f"{prefix}{key}."))
-        else:
-            out[f"{prefix}{key}"] = value
-    return out
+# ---------------------------------------------------------------- files and overrides
 
-
-# ---------------------------------------------------------------- validation
-
-def _type_name(tp) -> str:
-    if typing.get_origin(tp) is Literal:
-        return "one of " + ", ".join(map(repr, typing.get_args(tp)))
-    if isinstance(tp, types.UnionType) or typing.get_origin(tp) is typing.Union:
-        return " or ".join(_type_name(a) for a in typing.get_args(tp))
-    return {int: "an integer", float: "a number", bool: "true/false", str: "a string", type(None): "null"}.get(
-        tp, getattr(tp, "__name__", str(tp))
-    )
-
-
-def _coerce(value, tp, key: str):
-    origin = typing.get_origin(tp)
-    if isinstance(tp, types.UnionType) or origin is typing.Union:
-        for option in typing.get_args(tp):
-            try:
-                return _coerce(value, option, key)
-            except ConfigError:
-                continue
-    elif origin is Literal:
-        if value in typing.get_args(tp):
-            return value
-    elif tp is type(None):
-        if value is None:
-            return None
-    elif tp is bool:
-        if isinstance(value, bool):
-            return value
-    elif tp is int:
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
-    elif tp is float:
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
-    elif tp is str:
-        if isinstance(value, str):
-            return value
-    elif origin in (tuple, list):
-        (item_tp, *_) = typing.get_args(tp) or (Any,)
-        if isinstance(value, (list, tuple)):
-            return tuple(_coerce(v, item_tp, f"{key}[{i}]") for i, v in enumerate(value))
-    raise ConfigError(f"{key}: expected {_type_name(tp)}, got {value!r}")
-
-
-def _check_range(value, meta: dict, key: str) -> None:
-    if value is None:
-        return
-    checks = {"ge": (lambda v, b: v >= b, ">="), "gt": (lambda v, b: v > b, ">"),
-              "le": (lambda v, b: v <= b, "<="), "lt": (lambda v, b: v < b, "<")}
-    for name, (ok, symbol) in checks.items():
-        if name in meta and not ok(value, meta[name]):
-            raise ConfigError(f"{key}: expected a value {symbol} {meta[name]}, got {value!r}")
-
-
-def build_dataclass(cls, raw: Any, prefix: str, given: dict | None = None):
-    """Build dataclass `cls` from a mapping, naming the dotted key of the first problem.
-
-    `given` holds fields already built by the caller (the method section, whose schema
-    depends on the method's name).
-    """
-    given = given or {}
-    if raw is None:
-        raw = {}
-    if not isinstance(raw, dict):
-        raise ConfigError(f"{prefix.rstrip('.') or 'config'}: expected a mapping, got {raw!r}")
-    hints = typing.get_type_hints(cls)
-    fields = {f.name: f for f in dataclasses.fields(cls)}
-    for key in raw:
-        if key not in fields or key in given:
-            raise ConfigError(f"{prefix}{key}: unknown key (expected one of: {', '.join(fields)})")
-    values = dict(given)
-    for name, f in fields.items():
-        key = f"{prefix}{name}"
-        if name not in raw or name in given:
-            continue
-        tp = hints[name]
-        if dataclasses.is_dataclass(tp):
-            values[name] = build_dataclass(tp, raw[name], f"{key}.")
-        else:
-            values[name] = _coerce(raw[name], tp, key)
-            _check_range(values[name], f.metadata, key)
-    return cls(**values)
+def resolve_file(text: str | Path, directory: Path, kind: str) -> Path:
+    """A YAML path, or the name of a file shipped in `directory` (`fedmpt_scenes` for configs/fedmpt_scenes.yaml)."""
+    path = Path(text).expanduser()
+    if path.is_file():
+        return path
+    named = directory / f"{text}.yaml"
+    if not path.suffix and named.is_file():
+        return named
+    shipped = ", ".join(sorted(p.stem for p in directory.glob("*.yaml")))
+    raise ConfigError(f"{text}: {kind} file not found; expected a YAML file or a shipped {kind} name ({shipped})")
 
 
 def parse_override(text: str) -> tuple[str, Any]:
@@ -286,9 +226,12 @@ def parse_override(text: str) -> tuple[str, Any]:
         return key.strip(), value
 
 
-def set_dotted(raw: dict, key: str, value) -> None:
-    """raw['a']['b'] = value for key 'a.b'. Switching `method.name` drops the old method's parameters."""
+def set_dotted(raw: dict, key: str, value) -> list[str]:
+    """raw['a']['b'] = value for key 'a.b'. Switching `method.name` drops the old method's parameters:
+    returns the dotted keys dropped that way."""
+    dropped = []
     if key == "method.name" and isinstance(raw.get("method"), dict) and raw["method"].get("name") != value:
+        dropped = [f"method.{k}" for k in raw["method"] if k != "name"]
         raw["method"] = {}
     node = raw
     *parents, leaf = key.split(".")
@@ -297,11 +240,20 @@ def set_dotted(raw: dict, key: str, value) -> None:
         if not isinstance(node, dict):
             raise ConfigError(f"--set {key}: {part} is not a section")
     node[leaf] = value
+    return dropped
 
 
 def apply_overrides(raw: dict, overrides: list[str]) -> dict:
+    """Apply `--set` overrides in the order given. A method switch drops the earlier method keys (they belong to
+    the old method); one line on stderr names those an earlier override had set."""
+    given: list[str] = []
     for text in overrides:
-        set_dotted(raw, *parse_override(text))
+        key, value = parse_override(text)
+        lost = [k for k in set_dotted(raw, key, value) if k in given]
+        if lost:
+            print(f"fedvlp: warning: --set {key}={value} switches the method and drops the earlier "
+                  f"{', '.join(lost)}; give --set method.name first", file=sys.stderr)
+        given.append(key)
     return raw
 
 
@@ -321,21 +273,83 @@ def read_yaml(path: str | Path) -> dict:
     return raw
 
 
+# ---------------------------------------------------------------- building and checking
+
 def build_spec(raw: dict) -> RunSpec:
-    from fedvlp.methods import METHODS  # late import: methods import torch
+    """The validated RunSpec of a raw config mapping: plugins first, then every section, then the checks
+    that need the registries (method, dataset, partitioner, server rules, backbone family)."""
+    from fedvlp.plugins import env_plugins, load_plugins
 
     raw = dict(raw)
+    plugins = raw.get("plugins") or []
+    if not isinstance(plugins, (list, tuple)):
+        raise ConfigError(f"plugins: expected a list of module names, got {plugins!r}")
+    plugins = list(dict.fromkeys([*env_plugins(), *plugins]))  # $FEDVLP_PLUGINS first, as they load first
+    load_plugins(plugins)
+    raw["plugins"] = plugins
+    from fedvlp.methods import METHODS  # late import: methods import torch
+
     method_raw = raw.pop("method", None)
     if not isinstance(method_raw, dict) or "name" not in method_raw:
-        raise ConfigError(f"method.name: expected one of {', '.join(sorted(METHODS))}")
+        raise ConfigError(f"method.name: expected one of {', '.join(METHODS.names())}")
     method_raw = dict(method_raw)
     name = method_raw.pop("name")
-    if name not in METHODS:
-        raise ConfigError(f"method.name: unknown method {name!r} (expected one of: {', '.join(sorted(METHODS))})")
-    method = MethodSpec(name, build_dataclass(METHODS[name].Params, method_raw, "method."))
+    cls = METHODS.get(name)
+    method = MethodSpec(name, build_dataclass(cls.Params, method_raw, "method."))
     spec = build_dataclass(RunSpec, raw, "", given={"method": method})
-    _check_backbone(spec, METHODS[name].backbone_kind)
+    spec = dataclasses.replace(spec, data=_checked_data(spec.data),
+                               federation=_checked_federation(spec.federation), server=_checked_server(spec.server))
+    _check_backbone(spec, cls.backbone_kind)
     return spec
+
+
+def _checked_data(data: DataSpec) -> DataSpec:
+    from fedvlp.data.registry import datasets
+
+    reader = datasets().get(data.name)
+    if reader.needs_root:
+        if not data.root:
+            raise ConfigError(f"data.root: required for {data.name} (the directory of its published layout)")
+        if not Path(data.root).expanduser().is_dir():
+            raise ConfigError(f"data.root: {data.root} is not a directory; expected the {data.name} dataset root")
+    return dataclasses.replace(data, options=_options(reader.options, data.options, "data.options."))
+
+
+def _checked_federation(federation: FederationSpec) -> FederationSpec:
+    from fedvlp.data.partition import PARTITIONERS
+
+    if federation.partition == "auto":
+        if federation.partition_options:
+            raise ConfigError("federation.partition_options: auto picks a built-in partitioner, which takes none")
+        return federation
+    partitioner = PARTITIONERS.get(federation.partition)
+    return dataclasses.replace(federation, partition_options=_options(
+        partitioner.options, federation.partition_options, "federation.partition_options."))
+
+
+def _checked_server(server: ServerSpec) -> ServerSpec:
+    from fedvlp.platform.aggregation import LOCAL, RULES
+
+    for prefix, rule in server.rules.items():
+        if rule != LOCAL:
+            RULES.get(rule)
+    for rule_name, raw in server.options.items():
+        rule = RULES.get(rule_name)
+        if rule.options is None:
+            raise ConfigError(f"server.options.{rule_name}: the rule {rule_name} takes no options")
+        _options(rule.options, raw, f"server.options.{rule_name}.")  # validated here; merged with the method's later
+    return server
+
+
+def _options(cls, raw, prefix: str):
+    """A registry entry's options: its dataclass built from `raw`, or `raw` itself when it declares none."""
+    if dataclasses.is_dataclass(raw):
+        return raw
+    if cls is None:
+        if raw:
+            raise ConfigError(f"{prefix.rstrip('.')}: takes no options, got {raw!r}")
+        return {}
+    return build_dataclass(cls, raw, prefix)
 
 
 def _check_backbone(spec: RunSpec, kind: str) -> None:
@@ -350,5 +364,6 @@ def _check_backbone(spec: RunSpec, kind: str) -> None:
 
 
 def load_spec(path: str | Path | None = None, overrides: list[str] | None = None) -> RunSpec:
-    raw = read_yaml(path or DEFAULT_CONFIG)
+    """The RunSpec of a config (a path or a shipped name; default the quickstart) with `--set` overrides."""
+    raw = read_yaml(resolve_file(path, CONFIGS_DIR, "config") if path else DEFAULT_CONFIG)
     return build_spec(apply_overrides(raw, list(overrides or [])))

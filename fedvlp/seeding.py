@@ -1,4 +1,4 @@
-"""Named, independent random streams derived from one run seed (DESIGN §4).
+"""Named, independent random streams derived from one run seed (docs/architecture.md, "Seed streams").
 
 Every consumer of randomness asks for its own stream by name plus the keys that make it
 unique (round, client id, ...), so adding a draw in one place never shifts another, and the
@@ -20,6 +20,10 @@ STREAMS = {
     "missing": 8,     # missing modalities
     "aggregate": 9,   # per-round server aggregation that draws (Hungarian clustering)
     "devices": 10,    # per-client device speed of the virtual clock
+    "split": 11,      # val and held-out pool split off a real dataset's training data
+    "privacy": 12,    # per-round noise of client-level differential privacy
+    "secagg": 13,     # pairwise masks of the simulated secure aggregation
+    "tune": 14,       # the search algorithm of `fedvlp tune`
 }
 
 

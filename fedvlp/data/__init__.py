@@ -1,85 +1,90 @@
 """Everything between the files on disk and a client's batches.
 
-`prepare_data(spec)` reads the dataset the spec names, hides training annotations (label
-mask), splits the training set over the virtual clients, and draws the missing-modality
-tables. It runs in the driver before any cluster work, so bad data fails early, and it is
-what `fedvlp data stats` inspects.
+`prepare_data(spec)` reads the dataset the spec names (a registered reader, `fedvlp.data.registry`),
+splits val and the held-out pool off the training data where the reader has none, hides training
+annotations (label mask), splits the training set and the held-out pool over the virtual clients with
+one partition rule (so each client's local test set comes from its own distribution), and draws the
+missing-modality tables. It runs in the driver before any cluster work, so bad data fails early, and
+it is what `fedvlp data stats` inspects.
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
 from fedvlp.data.dataset import Dataset, Split
-from fedvlp.data.images import ArrayImages
 from fedvlp.errors import ConfigError
+from fedvlp.seeding import numpy_rng
 
 __all__ = ["Dataset", "Split", "FederatedData", "load_dataset", "prepare_data"]
+
+VAL_KEY, HOLDOUT_KEY = 0, 1  # keys of the "split" seed stream
 
 
 @dataclass(frozen=True, eq=False)
 class FederatedData:
     dataset: Dataset
-    train_labels: np.ndarray              # after the label mask; test labels are never masked
+    train_labels: np.ndarray              # after the label mask; val, test and held-out labels are never masked
     parts: list[np.ndarray]               # training-sample indices of each virtual client
+    local_tests: list[np.ndarray]         # held-out-pool indices of each client's local test set
     train_missing: np.ndarray | None      # image+text only: per-sample missing code (data.missing)
-    eval_missing: dict[str, np.ndarray] | None  # image+text only: the test split's missing tables
+    holdout_missing: np.ndarray | None    # image+text only: the held-out pool's, drawn with each client's pattern
+    val_missing: np.ndarray | None        # image+text only: val under the training setting
+    eval_missing: dict[str, np.ndarray] | None  # image+text only: the test split's tables (training setting + six)
 
     @property
     def test_labels(self) -> np.ndarray:
         return self.dataset.test.labels
 
 
+def split_off(split: Split, fraction: float, seed: int, key: int, at_least: int = 0) -> tuple[Split, Split]:
+    """(rest, part): a `fraction` of `split` (at least `at_least` samples) drawn by the seed, both in index order."""
+    n = len(split)
+    count = min(n - 1, max(at_least, round(fraction * n))) if n > 1 else 0
+    order = numpy_rng(seed, "split", key).permutation(n)
+    return split.subset(np.sort(order[count:])), split.subset(np.sort(order[:count]))
+
+
 def load_dataset(spec) -> Dataset:
-    """The dataset named by `data.name` (synthetic, or a reader of a published layout at `data.root`)."""
+    """The dataset named by `data.name`, with its val split and held-out pool."""
+    from fedvlp.data.registry import ReadRequest, datasets
+
     data = spec.data
-    if data.name == "synthetic-scenes":
-        from fedvlp.data.scenes import generate_scenes
-
-        train, test = (generate_scenes(n, split, spec.seed) for n, split in
-                       ((data.num_train, "train"), (data.num_test, "test")))
-        return Dataset(data.name, tuple(train.class_names), True,
-                       Split(ArrayImages(train.images), train.labels.astype(np.int8)),
-                       Split(ArrayImages(test.images), test.labels.astype(np.int8)))
-    if data.name == "synthetic-recipes":
-        from fedvlp.data.recipes import generate_recipes
-
-        train, test = (generate_recipes(n, split, spec.seed) for n, split in
-                       ((data.num_train, "train"), (data.num_test, "test")))
-        return Dataset(data.name, tuple(train.class_names), False,
-                       Split(ArrayImages(train.images), train.labels, tuple(train.texts)),
-                       Split(ArrayImages(test.images), test.labels, tuple(test.texts)))
-    from fedvlp.data.readers import READERS, read_food101, read_mmimdb
-
-    if data.name == "food101":
-        return read_food101(data.root, top_k=data.top_k)
-    if data.name == "mmimdb":
-        return read_mmimdb(data.root, protocol=data.protocol)
-    return READERS[data.name](data.root)
+    reader = datasets().get(data.name)
+    root = Path(data.root).expanduser() if data.root else None
+    dataset = reader.read(ReadRequest(root, data.options, spec.seed, data.num_train, data.num_val, data.num_test,
+                                      data.num_holdout))
+    train, val, holdout = dataset.train, dataset.val, dataset.holdout
+    if val is None:
+        train, val = split_off(train, data.val_fraction, spec.seed, VAL_KEY, at_least=1)
+    if holdout is None:
+        train, holdout = split_off(train, data.holdout_fraction, spec.seed, HOLDOUT_KEY)
+    return dataclasses.replace(dataset, train=train, val=val, holdout=holdout)
 
 
 def partition_clients(labels: np.ndarray, multilabel: bool, spec) -> list[np.ndarray]:
-    """Training-sample indices of each virtual client (DESIGN §4)."""
-    from fedvlp.data.partition import partition_dirichlet, partition_heterogeneity, partition_iid
+    """Sample indices of each virtual client, by the partition rule the spec names (`fedvlp list partitioners`)."""
+    from fedvlp.data.partition import PARTITIONERS
 
     fed = spec.federation
-    kind = fed.partition if fed.partition != "auto" else ("heterogeneity" if multilabel else "dirichlet")
+    name = fed.partition if fed.partition != "auto" else ("heterogeneity" if multilabel else "dirichlet")
+    partitioner = PARTITIONERS.get(name)
     if fed.clients > len(labels):
         raise ConfigError(f"federation.clients: {fed.clients} clients but only {len(labels)} training samples")
-    if kind == "iid":
-        return partition_iid(len(labels), fed.clients, spec.seed)
-    if kind == "dirichlet":
-        if multilabel:
-            raise ConfigError(f"federation.partition: dirichlet needs single-label data; {spec.data.name} is multi-label")
-        return partition_dirichlet(labels, fed.clients, fed.dirichlet_alpha, spec.seed)
-    hot = labels if multilabel else np.eye(labels.max() + 1, dtype=np.int8)[labels]
-    return partition_heterogeneity(hot, fed.clients, fed.heterogeneity, spec.seed)
+    if partitioner.labels == "single" and multilabel:
+        raise ConfigError(f"federation.partition: {name} needs single-label data; {spec.data.name} is multi-label")
+    if partitioner.labels == "multilabel" and not multilabel:
+        raise ConfigError(f"federation.partition: {name} needs multi-label data; {spec.data.name} is single-label")
+    return partitioner.split(labels, fed.clients, spec.seed, fed)
 
 
 def prepare_data(spec) -> FederatedData:
     from fedvlp.data.masking import mask_labels
-    from fedvlp.data.missing import client_missing_tables, eval_tables
+    from fedvlp.data.missing import VAL_KEY as MISSING_VAL_KEY
+    from fedvlp.data.missing import client_missing_tables, eval_tables, missing_table
 
     dataset = load_dataset(spec)
     data = spec.data
@@ -88,12 +93,19 @@ def prepare_data(spec) -> FederatedData:
         if not dataset.multilabel:
             raise ConfigError(f"data.label_mask: partial labels need multi-label data; {dataset.name} is single-label")
         labels = mask_labels(labels, data.label_mask, spec.seed, data.mask_as)
-    parts = partition_clients(dataset.train.labels, dataset.multilabel, spec)
-    train_missing = eval_missing = None
+    # One partition of train + held-out pool: a client's local test set follows its own distribution.
+    n = len(dataset.train)
+    union = np.concatenate([dataset.train.labels, dataset.holdout.labels])
+    parts_union = partition_clients(union, dataset.multilabel, spec)
+    parts = [p[p < n] for p in parts_union]
+    local_tests = [p[p >= n] - n for p in parts_union]
+    train_missing = holdout_missing = val_missing = eval_missing = None
     if dataset.train.texts is not None:
-        train_missing = client_missing_tables(parts, len(labels), data.missing_rate, data.missing_type,
-                                              data.missing_client_skew, spec.seed)
+        table = client_missing_tables(parts_union, len(union), data.missing_rate, data.missing_type,
+                                      data.missing_client_skew, spec.seed)
+        train_missing, holdout_missing = table[:n], table[n:]
+        val_missing = missing_table(len(dataset.val), data.missing_rate, data.missing_type, spec.seed, MISSING_VAL_KEY)
         eval_missing = eval_tables(len(dataset.test), data.missing_rate, data.missing_type, spec.seed)
     elif data.missing_rate > 0:
         raise ConfigError(f"data.missing_rate: {dataset.name} has no text modality to miss")
-    return FederatedData(dataset, labels, parts, train_missing, eval_missing)
+    return FederatedData(dataset, labels, parts, local_tests, train_missing, holdout_missing, val_missing, eval_missing)

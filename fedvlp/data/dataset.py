@@ -1,4 +1,4 @@
-"""The in-memory description of a dataset: two splits of lazily loaded images, labels and texts."""
+"""The in-memory description of a dataset: its splits of lazily loaded images, labels and texts."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -28,11 +28,22 @@ class Split:
     def __len__(self) -> int:
         return len(self.labels)
 
+    def subset(self, indices: np.ndarray) -> "Split":
+        """The samples at `indices`, in that order."""
+        indices = np.asarray(indices, dtype=np.int64)
+        texts = None if self.texts is None else tuple(self.texts[i] for i in indices)
+        return Split(self.images.subset(indices), self.labels[indices], texts)
+
 
 @dataclass(frozen=True, eq=False)
 class Dataset:
+    """train: what the clients train on; val: what tuning and sweeps select on; test: the final score;
+    holdout: the pool the clients' local test sets come from (split over them by the partition rule).
+    A reader may leave val and holdout out; `load_dataset` then splits them off train."""
     name: str
     class_names: tuple[str, ...]
     multilabel: bool
     train: Split
     test: Split
+    val: Split | None = None
+    holdout: Split | None = None

@@ -39,6 +39,10 @@ class ImageSource(Protocol):
         """A stable string identifying the exact image set."""
         ...
 
+    def subset(self, indices: np.ndarray) -> "ImageSource":
+        """The images at `indices`, in that order."""
+        ...
+
 
 def _check_size(size: int) -> int:
     if isinstance(size, bool) or not isinstance(size, (int, np.integer)) or size < 1:
@@ -71,6 +75,9 @@ class ArrayImages:
         for i, image in enumerate(batch):
             out[i] = np.asarray(Image.fromarray(image).resize((size, size), Image.BICUBIC))
         return out
+
+    def subset(self, indices: np.ndarray) -> "ArrayImages":
+        return ArrayImages(self.array[np.asarray(indices, dtype=np.int64)])
 
     def cache_key(self) -> str:
         # All bytes are hashed: a strided sample could miss a changed pixel and serve stale features.
@@ -133,6 +140,9 @@ class FileImages:
         for i, index in enumerate(indices):
             out[i] = _load_file(self.paths[index], size)
         return out
+
+    def subset(self, indices: np.ndarray) -> "FileImages":
+        return FileImages(tuple(self.paths[i] for i in np.asarray(indices, dtype=np.int64)))
 
     def cache_key(self) -> str:
         # Size + mtime (not content) so that keying 100k files costs one stat each.

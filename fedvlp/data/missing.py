@@ -37,7 +37,7 @@ Client skew (``missing_client_skew``, inter-client heterogeneity), ``client_miss
 
 All draws come from ``numpy_rng(seed, "missing", key, ...)``; keys: 0 the training table
 (``TRAIN_KEY``), ``SKEW_KEY`` (and ``SKEW_KEY, client``) the skewed draws, ``EVAL_KEYS`` the test
-tables.
+tables, ``VAL_KEY`` the val table.
 """
 from __future__ import annotations
 
@@ -66,6 +66,7 @@ EVAL_SETTINGS: dict[str, tuple[float, str]] = {
 }
 EVAL_BOTH_RATIO = 0.5
 EVAL_KEYS: dict[str, int] = {"train_setting": 1, **{name: 2 + i for i, name in enumerate(EVAL_SETTINGS)}}
+VAL_KEY = 50                      # the val split's table (the training setting)
 
 
 def _check_count(name: str, value) -> int:

@@ -1,4 +1,4 @@
-"""Client partitioners (DESIGN §4) and the heterogeneity figure.
+"""Client partitioners (docs/architecture.md, "Shared definitions"), their registry, and the heterogeneity figure.
 
 All draws come from ``numpy_rng(seed, "partition")``. Every partitioner returns one sorted
 int64 index array per client; together they hold every sample exactly once.
@@ -15,11 +15,14 @@ when there are more rows than that.
 from __future__ import annotations
 
 import numbers
+from dataclasses import dataclass
+from typing import Callable, Literal
 
 import numpy as np
 from scipy import sparse
 from scipy.spatial.distance import jensenshannon
 
+from fedvlp.registry import Registry
 from fedvlp.seeding import numpy_rng
 
 KMEANS_ITERS = 10
@@ -187,3 +190,48 @@ def label_distribution_js(labels: np.ndarray, parts: list[np.ndarray]) -> float:
         upper = np.arange(m)[None, :] > rows
         total += np.nan_to_num(block, nan=0.0)[upper].sum()   # nan only from -0 rounding
     return float(total / (m * (m - 1) / 2))
+
+
+# ---------------------------------------------------------------- the registry
+
+@dataclass(frozen=True)
+class Partitioner:
+    """A named client partition rule: `split(labels, num_clients, seed, federation) -> one index array per client`.
+
+    `labels` are multi-hot [n, C] (entries > 0 positive) or class ids [n]; `federation` is the run's
+    FederationSpec (its `partition_options` are the rule's own, a dataclass of `options` when declared).
+    `labels` says which data it takes: "any", "multilabel" or "single"."""
+    name: str
+    split: Callable[..., list[np.ndarray]]
+    labels: Literal["any", "multilabel", "single"] = "any"
+    options: type | None = None
+    doc: str = ""
+
+
+def _check_partitioner(name: str, partitioner: Partitioner) -> None:
+    if not isinstance(partitioner, Partitioner) or partitioner.name != name or not callable(partitioner.split):
+        raise TypeError(f"partitioner {name!r}: register a Partitioner named {name!r} with a split function")
+    if partitioner.labels not in ("any", "multilabel", "single"):
+        raise ValueError(f"partitioner {name!r}: labels must be any, multilabel or single")
+
+
+PARTITIONERS: Registry[Partitioner] = Registry("partitioner", "federation.partition", _check_partitioner)
+
+
+def register_partitioner(partitioner: Partitioner) -> Partitioner:
+    return PARTITIONERS.add(partitioner.name, partitioner)
+
+
+def _one_hot(labels: np.ndarray) -> np.ndarray:
+    return labels if labels.ndim == 2 else np.eye(labels.max() + 1, dtype=np.int8)[labels]
+
+
+register_partitioner(Partitioner(
+    "iid", lambda labels, k, seed, fed: partition_iid(len(labels), k, seed), "any",
+    doc="shuffle and cut into equal parts"))
+register_partitioner(Partitioner(
+    "dirichlet", lambda labels, k, seed, fed: partition_dirichlet(labels, k, fed.dirichlet_alpha, seed), "single",
+    doc="per class, client shares ~ Dir(federation.dirichlet_alpha)"))
+register_partitioner(Partitioner(
+    "heterogeneity", lambda labels, k, seed, fed: partition_heterogeneity(_one_hot(labels), k, fed.heterogeneity, seed),
+    "any", doc="k-means label clusters, each sample to its cluster's client with probability federation.heterogeneity"))

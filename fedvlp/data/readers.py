@@ -1,6 +1,7 @@
 """Readers for the real datasets in their published layouts, with the standard splits.
 
-`read_<name>(root, **options) -> Dataset`; `READERS` maps the dataset names to them. Only
+`read_<name>(root, **options) -> Dataset`; `READERS` maps the dataset names to them, and each is
+registered in `fedvlp.data.registry.DATASETS` with its options (`data.options`). Only
 annotation files are parsed at read time; images stay on disk as `FileImages` and are opened
 when loaded (a missing or corrupt image is reported then, or by `cache_key()`).
 
@@ -16,13 +17,17 @@ import io
 import json
 import os
 import xml.etree.ElementTree as ET
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 
 from fedvlp.data.dataset import Dataset, Split
 from fedvlp.data.images import FileImages
+from fedvlp.data.registry import DatasetReader, register_dataset
 from fedvlp.errors import ConfigError, DataError
+from fedvlp.spec import spec_field
 
 VOC_CLASSES = (
     "aeroplane", "bicycle", "bird", "boat", "bottle", "bus", "car", "cat", "chair", "cow",
@@ -408,7 +413,7 @@ def _imdb_ids(split_json, path: Path, split: str) -> list[str]:
     return [str(i) for i in ids]
 
 
-def _fedprime_imdb(train: Split, test: Split) -> tuple[tuple[str, ...], Split, Split]:
+def _fedprime_imdb(train: Split, dev: Split, test: Split) -> tuple[tuple[str, ...], Split, Split, Split]:
     """FED-PRIME's protocol: single-genre movies only, then the 8 genres most frequent among them in train."""
     def single(split: Split) -> Split:
         keep = np.flatnonzero((split.labels == 1).sum(axis=1) == 1)
@@ -416,9 +421,9 @@ def _fedprime_imdb(train: Split, test: Split) -> tuple[tuple[str, ...], Split, S
         paths = tuple(split.images.paths[i] for i in keep)
         return Split(FileImages(paths), split.labels[keep].argmax(axis=1).astype(np.int64), texts)
 
-    train, test = single(train), single(test)
+    train, dev, test = single(train), single(dev), single(test)
     mapping, names = _top_k_relabel(train.labels, MMIMDB_GENRES, FEDPRIME_IMDB_CLASSES)
-    return names, _filter_split(train, mapping), _filter_split(test, mapping)
+    return names, _filter_split(train, mapping), _filter_split(dev, mapping), _filter_split(test, mapping)
 
 
 def read_mmimdb(root: str | Path, protocol: str = "multilabel") -> Dataset:
@@ -426,11 +431,11 @@ def read_mmimdb(root: str | Path, protocol: str = "multilabel") -> Dataset:
 
     Layout: ``root/split.json`` ({"train": [ids], "dev": [ids], "test": [ids]}),
     ``root/dataset/<id>.jpeg`` and ``root/dataset/<id>.json`` ("genres": list[str], "plot":
-    list[str]). train = train, test = test (dev unused). ``protocol``:
+    list[str]). train = train, val = dev, test = test. ``protocol``:
     ``"multilabel"`` (default) -- int8 [n, 23] over the standard genres;
     ``"fedprime"`` -- FED-PRIME's single-label protocol: movies with exactly one (standard)
     genre, then the 8 genres most frequent among those in train (ties by name), int64 labels
-    0..7 in frequency order; both splits filtered.
+    0..7 in frequency order; every split filtered.
     """
     if protocol not in ("multilabel", "fedprime"):
         raise ConfigError(f"protocol: expected 'multilabel' or 'fedprime', got {protocol!r}")
@@ -438,11 +443,25 @@ def read_mmimdb(root: str | Path, protocol: str = "multilabel") -> Dataset:
     split_path = root / "split.json"
     split_json = _read_json(split_path, '{"train": [ids], "dev": [ids], "test": [ids]}')
     train = _imdb_split(root, _imdb_ids(split_json, split_path, "train"))
+    dev = _imdb_split(root, _imdb_ids(split_json, split_path, "dev"))
     test = _imdb_split(root, _imdb_ids(split_json, split_path, "test"))
     if protocol == "fedprime":
-        names, train, test = _fedprime_imdb(train, test)
-        return Dataset("mmimdb", names, False, train, test)
-    return Dataset("mmimdb", MMIMDB_GENRES, True, train, test)
+        names, train, dev, test = _fedprime_imdb(train, dev, test)
+        return Dataset("mmimdb", names, False, train, test, val=dev)
+    return Dataset("mmimdb", MMIMDB_GENRES, True, train, test, val=dev)
+
+
+# --------------------------------------------------------------------------- registration
+
+@dataclass(frozen=True)
+class Food101Options:
+    top_k: int | None = spec_field(None, "keep the k classes most frequent in train (FED-PRIME uses 8)", ge=1)
+
+
+@dataclass(frozen=True)
+class MMIMDBOptions:
+    protocol: Literal["multilabel", "fedprime"] = spec_field(
+        "multilabel", "23-genre multi-label, or FED-PRIME's single-genre top-8 protocol")
 
 
 READERS = {
@@ -452,3 +471,14 @@ READERS = {
     "food101": read_food101,
     "mmimdb": read_mmimdb,
 }
+_ON_DISK = {
+    "voc2007": (lambda r: read_voc2007(r.root), None, "multi-label, 20 classes; val split off trainval"),
+    "coco2014": (lambda r: read_coco2014(r.root), None, "multi-label, 80 classes; val split off train2014"),
+    "nuswide": (lambda r: read_nuswide(r.root), None, "multi-label, 81 concepts; val split off train"),
+    "food101": (lambda r: read_food101(r.root, top_k=r.options.top_k), Food101Options,
+                "image + text, 101 classes (options.top_k); val split off train"),
+    "mmimdb": (lambda r: read_mmimdb(r.root, protocol=r.options.protocol), MMIMDBOptions,
+               "image + text, 23 genres (options.protocol); val is the official dev split"),
+}
+for _name, (_read, _options, _doc) in _ON_DISK.items():
+    register_dataset(DatasetReader(_name, _read, _options, needs_root=True, doc=_doc))

@@ -20,17 +20,18 @@ def class_counts(data: FederatedData) -> np.ndarray:
 def format_stats(data: FederatedData, top: int = 3) -> str:
     names = data.dataset.class_names
     counts = class_counts(data)
-    header = f"{'client':>6} {'samples':>8} {'classes':>7}  top classes (share of the client's labels)"
+    header = f"{'client':>6} {'samples':>8} {'local test':>10} {'classes':>7}  top classes (share of the client's labels)"
     if data.train_missing is not None:
         header += "   missing: text / image"
-    lines = [f"{data.dataset.name}: {len(data.dataset.train)} train / {len(data.dataset.test)} test samples, "
-             f"{len(names)} classes, {len(data.parts)} clients", header]
+    dataset = data.dataset
+    lines = [f"{dataset.name}: {len(dataset.train)} train / {len(dataset.val)} val / {len(dataset.test)} test / "
+             f"{len(dataset.holdout)} held-out samples, {len(names)} classes, {len(data.parts)} clients", header]
     for cid, idx in enumerate(data.parts):
         row = counts[cid]
         total = max(int(row.sum()), 1)
         best = np.argsort(-row, kind="stable")[:top]
         tops = ", ".join(f"{names[c]} {row[c] / total:.2f}" for c in best if row[c] > 0)
-        line = f"{cid:>6} {len(idx):>8} {int((row > 0).sum()):>7}  {tops}"
+        line = f"{cid:>6} {len(idx):>8} {len(data.local_tests[cid]):>10} {int((row > 0).sum()):>7}  {tops}"
         if data.train_missing is not None:
             summary = missing_summary(data.train_missing[idx])
             line += f"   {summary['missing_text']:.2f} / {summary['missing_image']:.2f}"

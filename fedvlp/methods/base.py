@@ -1,10 +1,12 @@
-"""The method contract (DESIGN §3).
+"""The method contract (docs/architecture.md, "The method contract").
 
-A method is one module in `fedvlp/methods/`, registered by name. Its class says which backbone
-it needs, what hyper-parameters it takes (`Params`), how its trainable modules are built
-(`__init__`), which parameters are global and how the server combines each group
-(`server_rules`), the local update, and how it scores a batch (`forward`). The engine knows
-nothing else about it.
+A method is one module, registered by name with `@register` (built-ins live in `fedvlp/methods/`,
+plugins anywhere). Its class says which backbone it needs (`backbone_kind`), which frozen inputs it
+reads (`feature_kind`), what hyper-parameters it takes (`Params`, a frozen dataclass of `spec_field`s,
+with the ranges `fedvlp tune` searches), how its trainable modules are built (`__init__(params,
+backbone, task, generator)`), which parameters are global and how the server combines each group
+(`server_rules`), the local update (`local_update`) and how it scores a batch (`forward`). The engine
+knows nothing else about it. Registration checks all of this (`fedvlp.methods.registry`).
 """
 from __future__ import annotations
 
@@ -15,9 +17,9 @@ import torch
 import torch.nn.functional as F
 
 from fedvlp.methods.numerics import asymmetric_loss
+from fedvlp.platform.aggregation import LOCAL  # noqa: F401  (the rule of parameters that stay on their client)
 
 State = dict[str, torch.Tensor]
-LOCAL = "local"  # server rule for parameters that never leave their client
 
 
 @dataclass(frozen=True)
@@ -60,8 +62,8 @@ class Method(torch.nn.Module):
     # frozen inputs the method reads: CLIP image features "global" [B, D] or "tokens" [B, 1 + M, D]
     # (pooled, then patches); ViLT "embeddings" (TokenInputs: the embedding layers' outputs)
     feature_kind: ClassVar[str] = "global"
-    # parameter-name prefix -> server rule (a name in fedvlp.platform.aggregation.AGGREGATORS, or
-    # LOCAL); the longest prefix wins
+    # parameter-name prefix -> server rule (a name in fedvlp.platform.aggregation.RULES, or LOCAL);
+    # the longest prefix wins; `server.rules` in the config overrides entries per prefix
     server_rules: ClassVar[dict[str, str]] = {"": "fedavg"}
 
     def __init__(self, params, backbone, task: Task):
@@ -72,14 +74,33 @@ class Method(torch.nn.Module):
 
     # --- what a method implements
     def local_update(self, data: ClientData, generator: torch.Generator) -> dict[str, float]:
+        """Train on one client's data; return {"loss": mean training loss, "steps": optimiser steps, ...}.
+
+        The contract:
+        * When it starts, the module already holds the round's global state and this client's own local
+          state (its initial one in the client's first round): the worker called `load` before it.
+        * One method object serves all of a worker's clients, one after another: keep nothing about a
+          client on `self` between calls. What must survive to the client's next round is its local
+          state (the parameters whose server rule is LOCAL), which the coordinator keeps and hands back.
+        * Every random draw comes from `generator`, the (seed, round, client) stream, so the result does
+          not depend on the worker or on the order clients run in.
+        * Any other number in the returned dict (e.g. "retrieval_similarity") is a statistic of the
+          method's own: the coordinator averages it over the cohort weighted by sample counts and logs
+          it every round as `train_<name>`.
+        """
         raise NotImplementedError
 
     def forward(self, features: torch.Tensor) -> torch.Tensor:
-        """Logits [B, C] for frozen image features of `feature_kind`."""
+        """Logits [B, C] for a batch of frozen inputs of `feature_kind` (what `make_inputs` builds).
+
+        Used for training inside `local_update` and, under `torch.no_grad()` and `eval()`, for every
+        evaluation: the global model (global state plus the initial local state) on the val and test sets,
+        and each client's model (global state plus its own local state) on its local test set."""
         raise NotImplementedError
 
     def server_options(self) -> dict[str, dict]:
-        """Keyword options per server rule, e.g. {"hungarian": {"outer_loops": 5}}."""
+        """Options per server rule that follow from the method's params, e.g. {"hungarian": {"outer_loops": 5}};
+        the config's `server.options` override them."""
         return {}
 
     @staticmethod
@@ -111,10 +132,15 @@ class Method(torch.nn.Module):
 
     def asl(self, logits: torch.Tensor, labels: torch.Tensor, gamma_neg: float, gamma_pos: float,
             clip: float) -> torch.Tensor:
-        """Asymmetric loss summed over classes and averaged over the batch (cross-entropy if single-label)."""
+        """Asymmetric loss averaged over the known labels, as `masked_bce` is (cross-entropy if single-label).
+
+        Every multi-label loss is normalised the same way, so the gradient's scale does not depend on how
+        many labels the label mask hides (the references sum over classes and average over the batch,
+        which shrinks the gradient with the mask and confounds a label-mask study)."""
         if not self.task.multilabel:
             return F.cross_entropy(logits, labels)
-        return asymmetric_loss(logits, labels, gamma_neg, gamma_pos, clip, reduction="sum") / len(labels)
+        known = (labels >= 0).sum().clamp(min=1)
+        return asymmetric_loss(logits, labels, gamma_neg, gamma_pos, clip, reduction="sum") / known
 
     def train_epochs(self, data: ClientData, generator: torch.Generator, optimizer,
                      batch_loss=None) -> dict[str, float]:

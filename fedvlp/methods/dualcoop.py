@@ -28,7 +28,7 @@ from typing import Literal
 
 import torch
 
-from fedvlp.config import spec_field
+from fedvlp.spec import spec_field
 from fedvlp.methods.base import ClientData, Method
 from fedvlp.methods.numerics import region_aggregate
 from fedvlp.methods.prompts import PromptTemplate

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from fedvlp.config import spec_field
+from fedvlp.spec import spec_field
 from fedvlp.data.missing import FULL, MISSING_IMAGE, MISSING_TEXT
 from fedvlp.methods.base import ClientData, Method, TokenInputs
 from fedvlp.methods.fedprime import token_inputs, trainable_pooler, vilt_classifier

@@ -32,7 +32,7 @@ from pathlib import Path
 
 import torch
 
-from fedvlp.config import spec_field
+from fedvlp.spec import spec_field
 from fedvlp.errors import ConfigError
 from fedvlp.methods.base import ClientData, Method
 from fedvlp.methods.numerics import ot_region_scores, region_aggregate

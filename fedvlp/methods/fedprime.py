@@ -30,7 +30,7 @@ from typing import Literal
 import torch
 import torch.nn.functional as F
 
-from fedvlp.config import spec_field
+from fedvlp.spec import spec_field
 from fedvlp.errors import ConfigError
 from fedvlp.methods.base import LOCAL, ClientData, Method, TokenInputs
 from fedvlp.methods.prompts import PromptPool

@@ -32,7 +32,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fedvlp.config import spec_field
+from fedvlp.spec import spec_field
 from fedvlp.methods.base import ClientData, Method
 from fedvlp.methods.prompts import PromptTemplate
 from fedvlp.methods.registry import register

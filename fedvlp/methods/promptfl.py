@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from fedvlp.config import spec_field
+from fedvlp.spec import spec_field
 from fedvlp.methods.base import ClientData, Method
 from fedvlp.methods.prompts import PromptTemplate
 from fedvlp.methods.registry import register

@@ -1,11 +1,51 @@
-"""Methods by name."""
+"""Methods by name, and what a method class must be to register.
+
+`@register` checks a method when its module is imported, not in round 1: its name, its `Params` (a
+frozen dataclass whose every field has help text), its `backbone_kind` and `feature_kind`, and that
+every value of its `server_rules` is a known server rule (`fedvlp.platform.aggregation.RULES`) or
+`"local"`. Register a plugin's server rules before the methods that use them.
+"""
 from __future__ import annotations
 
-METHODS: dict[str, type] = {}
+from fedvlp.registry import Registry
+from fedvlp.spec import check_params_class
+
+FEATURE_KINDS = {"clip": ("global", "tokens"), "vilt": ("embeddings",)}
+
+
+def _check_method(name: str, cls) -> None:
+    from fedvlp.platform.aggregation import LOCAL, RULES
+
+    owner = f"method {name!r} ({getattr(cls, '__module__', '?')}.{getattr(cls, '__qualname__', cls)})"
+    if getattr(cls, "name", None) != name:
+        raise TypeError(f"{owner}: its class attribute name must be {name!r}")
+    check_params_class(getattr(cls, "Params", None), owner)
+    kinds = FEATURE_KINDS.get(getattr(cls, "backbone_kind", None))
+    if kinds is None:
+        raise ValueError(f"{owner}: backbone_kind must be one of {', '.join(FEATURE_KINDS)}, got {cls.backbone_kind!r}")
+    if cls.feature_kind not in kinds:
+        raise ValueError(f"{owner}: feature_kind must be one of {', '.join(kinds)} for a {cls.backbone_kind} "
+                         f"backbone, got {cls.feature_kind!r}")
+    rules = getattr(cls, "server_rules", None)
+    if not isinstance(rules, dict) or "" not in rules:
+        raise ValueError(f"{owner}: server_rules must map parameter-name prefixes to rules, with a default for ''")
+    for prefix, rule in rules.items():
+        if rule != LOCAL and rule not in RULES:
+            raise ValueError(f"{owner}: server_rules[{prefix!r}] = {rule!r} is not a server rule "
+                             f"(expected one of: {', '.join(RULES.names())}, or {LOCAL!r})")
+    from fedvlp.methods.base import Method
+
+    if not (isinstance(cls, type) and issubclass(cls, Method)):
+        raise TypeError(f"{owner}: a method is a subclass of fedvlp.methods.base.Method")
+    for hook in ("local_update", "forward"):
+        if getattr(cls, hook) is getattr(Method, hook):
+            raise TypeError(f"{owner}: implement {hook}() (see the contract in fedvlp.methods.base.Method)")
+
+
+METHODS: Registry[type] = Registry("method", "method.name", _check_method)
 
 
 def register(cls):
-    if cls.name in METHODS:
-        raise ValueError(f"method {cls.name!r} is registered twice")
-    METHODS[cls.name] = cls
+    """Class decorator: register a `Method` subclass under its `name`."""
+    METHODS.add(getattr(cls, "name", None), cls)
     return cls

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import torch
 
-from fedvlp.config import spec_field
+from fedvlp.spec import spec_field
 from fedvlp.errors import ConfigError
 from fedvlp.methods.base import ClientData, Method
 from fedvlp.methods.registry import register

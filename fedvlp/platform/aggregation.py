@@ -1,21 +1,64 @@
-"""Server-side aggregation rules: small, pure functions over state dicts (Flower's aggregate.py style).
+"""Server rules: how the coordinator turns the cohort's updates of a parameter group into the next global state.
 
-Updates are always given in sorted client-id order and summed in float64, so the result does
-not depend on which worker produced which update or in what order they arrived. Every rule
-takes `(states, num_samples, *, generator, **options)`: `generator` is the round's own seeded
-stream (for rules that draw, like the Hungarian clustering), `options` come from the method.
+Every rule is a `ServerRule` registered by name in `RULES` (plugins register theirs the same way). Two kinds:
+
+* **average** rules start from the cohort's weighted average (FedAvg weights: the clients' sample counts;
+  or uniform) and then take a server step `step(previous, average, state, options) -> (new, state)`:
+  plain FedAvg returns the average; the server optimisers of Reddi et al. (2021) treat
+  delta = average - previous as a pseudo-gradient and keep moments in `state`, which the coordinator
+  carries between rounds and writes into every checkpoint (so a resumed run stays bitwise identical).
+  Because the average is taken by the coordinator, client-level privacy and secure aggregation
+  (`fedvlp.platform.privacy`) apply to every average rule alike.
+* **custom** rules see the clients' states themselves: `combine(states, num_samples, previous, state,
+  generator, options) -> (new, state)` (FED-PRIME's Hungarian clustering).
+
+Updates always come in sorted client-id order and are summed in float64, so the result does not depend
+on which worker produced which update or in what order they arrived. Options are a frozen dataclass
+per rule (`options`), validated when the config is built (`server.options.<rule>.<key>`).
 """
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Callable, Literal, Sequence
 
 import torch
 
+from fedvlp.registry import Registry
+from fedvlp.spec import spec_field
+
 State = dict[str, torch.Tensor]
+LOCAL = "local"  # the rule of parameters that never leave their client (the coordinator keeps them per client)
+
+
+@dataclass(frozen=True)
+class ServerRule:
+    """A named server rule (see the module docstring for the two kinds)."""
+    name: str
+    kind: Literal["average", "custom"]
+    run: Callable[..., tuple[State, dict]]
+    weighting: Literal["samples", "uniform"] = "samples"  # average rules: FedAvg weights or the plain mean
+    options: type | None = None  # frozen dataclass of the rule's options, or None
+    doc: str = ""
+
+
+def _check_rule(name: str, rule: ServerRule) -> None:
+    if not isinstance(rule, ServerRule) or rule.name != name:
+        raise TypeError(f"server rule {name!r}: register a ServerRule whose name is {name!r}")
+    if rule.kind not in ("average", "custom") or rule.weighting not in ("samples", "uniform"):
+        raise ValueError(f"server rule {name!r}: kind must be average or custom, weighting samples or uniform")
+    if name == LOCAL:
+        raise ValueError(f"server rule {LOCAL!r} is reserved for parameters that stay on their client")
+
+
+RULES: Registry[ServerRule] = Registry("server rule", "server.rules", _check_rule)
+
+
+def register_rule(rule: ServerRule) -> ServerRule:
+    return RULES.add(rule.name, rule)
 
 
 def weighted_average(states: Sequence[State], weights: Sequence[float]) -> State:
-    """sum_k w_k * state_k / sum_k w_k, key by key (FedAvg with w_k = |D_k|)."""
+    """sum_k w_k * state_k / sum_k w_k, key by key, in float64 (FedAvg with w_k = |D_k|)."""
     if not states:
         raise ValueError("weighted_average: no states to aggregate")
     total = float(sum(weights))
@@ -30,27 +73,136 @@ def weighted_average(states: Sequence[State], weights: Sequence[float]) -> State
     return out
 
 
-def fedavg(states: Sequence[State], num_samples: Sequence[int], **_) -> State:
-    """FedAvg: the average weighted by client data size."""
-    return weighted_average(states, num_samples)
+def rule_weights(rule: ServerRule, num_samples: Sequence[int]) -> list[float]:
+    return [float(n) for n in num_samples] if rule.weighting == "samples" else [1.0] * len(num_samples)
 
 
-def uniform_average(states: Sequence[State], num_samples: Sequence[int], **_) -> State:
-    """The unweighted mean, as in the FedMPT/FedTPG servers."""
-    return weighted_average(states, [1.0] * len(states))
+# ---------------------------------------------------------------- plain averages
+
+def _keep_average(previous: State, average: State, state: dict, options) -> tuple[State, dict]:
+    return average, state
 
 
-def _hungarian(states: Sequence[State], num_samples: Sequence[int], **options) -> State:
+register_rule(ServerRule("fedavg", "average", _keep_average, "samples",
+                         doc="FedAvg: the average weighted by client data size"))
+register_rule(ServerRule("mean", "average", _keep_average, "uniform",
+                         doc="the unweighted mean over the cohort (the FedMPT and FedTPG servers)"))
+
+
+# ---------------------------------------------------------------- server optimisers (Reddi et al., 2021)
+
+@dataclass(frozen=True)
+class FedAvgMOptions:
+    lr: float = spec_field(1.0, "server learning rate eta", gt=0)
+    momentum: float = spec_field(0.9, "server momentum beta", ge=0, lt=1)
+
+
+@dataclass(frozen=True)
+class FedOptOptions:
+    lr: float = spec_field(0.01, "server learning rate eta", gt=0)
+    beta1: float = spec_field(0.9, "first-moment decay beta_1", ge=0, lt=1)
+    beta2: float = spec_field(0.99, "second-moment decay beta_2 (FedAdam, FedYogi)", ge=0, lt=1)
+    tau: float = spec_field(1e-3, "adaptivity tau: added to sqrt(v); v starts at tau^2", gt=0)
+
+
+def _moments(state: dict, previous: State, names: Sequence[str], start: float) -> dict[str, State]:
+    """The state's moment tensors, started (float64, shaped like the parameters) on the first round."""
+    return {name: state.get(name) or {k: torch.full(p.shape, start, dtype=torch.float64) for k, p in previous.items()}
+            for name in names}
+
+
+def _fedavgm(previous: State, average: State, state: dict, options: FedAvgMOptions) -> tuple[State, dict]:
+    """FedAvgM (Hsu et al., 2019): v = beta v + delta; x = x + eta v, with delta = average - x."""
+    velocity = _moments(state, previous, ["velocity"], 0.0)["velocity"]
+    new, new_velocity = {}, {}
+    for key, x in previous.items():
+        delta = average[key].double() - x.double()
+        new_velocity[key] = options.momentum * velocity[key] + delta
+        new[key] = (x.double() + options.lr * new_velocity[key]).to(x.dtype)
+    return new, {"velocity": new_velocity}
+
+
+def _fedopt(second_moment: Callable[[torch.Tensor, torch.Tensor, FedOptOptions], torch.Tensor]):
+    """FedAdagrad / FedAdam / FedYogi (Reddi et al., 2021, Algorithm 2): with delta = average - x,
+    m = beta_1 m + (1 - beta_1) delta; v = second_moment(v, delta); x = x + eta m / (sqrt(v) + tau).
+    m starts at 0 and v at tau^2 (the paper's v_{-1} >= tau^2); no bias correction, as in the paper."""
+    def step(previous: State, average: State, state: dict, options: FedOptOptions) -> tuple[State, dict]:
+        moments = _moments(state, previous, ["m"], 0.0) | _moments(state, previous, ["v"], options.tau ** 2)
+        new, m_out, v_out = {}, {}, {}
+        for key, x in previous.items():
+            delta = average[key].double() - x.double()
+            m_out[key] = options.beta1 * moments["m"][key] + (1 - options.beta1) * delta
+            v_out[key] = second_moment(moments["v"][key], delta, options)
+            new[key] = (x.double() + options.lr * m_out[key] / (v_out[key].sqrt() + options.tau)).to(x.dtype)
+        return new, {"m": m_out, "v": v_out}
+    return step
+
+
+def _adagrad_v(v: torch.Tensor, delta: torch.Tensor, options: FedOptOptions) -> torch.Tensor:
+    return v + delta ** 2
+
+
+def _adam_v(v: torch.Tensor, delta: torch.Tensor, options: FedOptOptions) -> torch.Tensor:
+    return options.beta2 * v + (1 - options.beta2) * delta ** 2
+
+
+def _yogi_v(v: torch.Tensor, delta: torch.Tensor, options: FedOptOptions) -> torch.Tensor:
+    return v - (1 - options.beta2) * delta ** 2 * torch.sign(v - delta ** 2)
+
+
+register_rule(ServerRule("fedavgm", "average", _fedavgm, "samples", FedAvgMOptions,
+                         doc="FedAvg with server momentum (Hsu et al., 2019)"))
+register_rule(ServerRule("fedadagrad", "average", _fedopt(_adagrad_v), "samples", FedOptOptions,
+                         doc="FedAdagrad (Reddi et al., 2021)"))
+register_rule(ServerRule("fedadam", "average", _fedopt(_adam_v), "samples", FedOptOptions,
+                         doc="FedAdam (Reddi et al., 2021)"))
+register_rule(ServerRule("fedyogi", "average", _fedopt(_yogi_v), "samples", FedOptOptions,
+                         doc="FedYogi (Reddi et al., 2021)"))
+
+
+# ---------------------------------------------------------------- FED-PRIME's clustering
+
+@dataclass(frozen=True)
+class HungarianOptions:
+    outer_loops: int = spec_field(5, "alternations of Adam steps and Hungarian matching", ge=1)
+    lr: float = spec_field(1e-3, "Adam learning rate of the centroids and networks", gt=0)
+    hidden: int = spec_field(128, "width of the scale and popularity networks", ge=1)
+
+
+def _hungarian(states: Sequence[State], num_samples: Sequence[int], previous: State, state: dict,
+               generator: torch.Generator, options: HungarianOptions) -> tuple[State, dict]:
     from fedvlp.platform.clustering import hungarian_cluster  # scipy and the clustering nets load on use
 
-    return hungarian_cluster(states, num_samples, **options)
+    return hungarian_cluster(states, num_samples, generator=generator, outer_loops=options.outer_loops,
+                             lr=options.lr, hidden=options.hidden), state
 
 
-AGGREGATORS: dict[str, Callable[..., State]] = {
-    "fedavg": fedavg,
-    "mean": uniform_average,
-    "hungarian": _hungarian,   # FED-PRIME's constrained clustering of prompt pools (clustering.py)
-}
+register_rule(ServerRule("hungarian", "custom", _hungarian, options=HungarianOptions,
+                         doc="FED-PRIME's constrained clustering of prompt pools (fedvlp.platform.clustering)"))
+
+
+# ---------------------------------------------------------------- applying a rule
+
+@dataclass
+class RuleInputs:
+    """What the coordinator hands a rule for one parameter group in one round."""
+    states: list[State]
+    num_samples: list[int]
+    previous: State
+    state: dict = field(default_factory=dict)
+    generator: torch.Generator | None = None
+    options: Any = None
+
+
+def apply_rule(rule: ServerRule, inputs: RuleInputs, average: Callable[[list[State], list[float]], State] | None = None
+               ) -> tuple[State, dict]:
+    """(new parameters, new rule state). `average` (default `weighted_average`) takes the cohort's weighted
+    average for average rules: the coordinator passes its private or secure variant here."""
+    if rule.kind == "average":
+        mean = (average or weighted_average)(inputs.states, rule_weights(rule, inputs.num_samples))
+        return rule.run(inputs.previous, mean, inputs.state, inputs.options)
+    return rule.run(inputs.states, inputs.num_samples, inputs.previous, inputs.state, inputs.generator,
+                    inputs.options)
 
 
 def state_nbytes(state: State) -> int:

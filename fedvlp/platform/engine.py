@@ -1,10 +1,14 @@
 """`run_federated`: the one entry point of a federated run, used by `fedvlp run` and every Tune trial.
 
-It reads like the flow of DESIGN §2:
+It reads like the flow of a round (docs/architecture.md, "The round flow"):
 
     prepare (backbone weights, dataset, partition, initial state)   -- all bad input fails here
     place the Coordinator and P ClientWorkers                       -- or fail within the timeout
     for round r: cohort -> broadcast global state -> local updates -> aggregate -> evaluate -> log
+
+Every evaluation scores the global model on val (what selection reads) and test, and each client's
+own model (global state plus its local state) on its local test set (`personal_*`, mean and spread
+over the clients).
 """
 from __future__ import annotations
 
@@ -26,25 +30,45 @@ from fedvlp.data.feature_cache import FeatureCache, array_digest, feature_key
 from fedvlp.errors import ConfigError, FedvlpError, ResourceError, RoundFailedError
 from fedvlp.methods import METHODS
 from fedvlp.methods.base import Task
-from fedvlp.platform.aggregation import state_nbytes
+from fedvlp.platform.aggregation import LOCAL, RULES, state_nbytes
 from fedvlp.platform.clock import VirtualClock
 from fedvlp.platform.coordinator import Coordinator
-from fedvlp.platform.metrics import multilabel_metrics, single_label_metrics
+from fedvlp.platform.metrics import cooccurring_pairs, multilabel_metrics, single_label_metrics
 from fedvlp.platform.pool import WorkerPool, wait_all
 from fedvlp.platform.tracking import RunTracker
 from fedvlp.platform.worker import build_method
+from fedvlp.spec import build_dataclass
 
 
 @dataclass
 class RunResult:
     run_id: str
     tracking_uri: str
-    final: dict[str, float]
-    initial: dict[str, float]
+    final: dict[str, float]       # val_*, test_*, personal_* metrics after the last round
+    initial: dict[str, float]     # the same before training (round 0)
     history: list[dict] = field(default_factory=list)
     workers: list[dict] = field(default_factory=list)
     final_state: dict | None = None
     feature_cache: dict = field(default_factory=dict)
+
+
+def server_rules(method, spec) -> tuple[dict[str, str], dict]:
+    """(parameter name -> server rule, rule name -> options) of a built method under the spec: the method's
+    own rules with `server.rules` overriding them per prefix (the longest prefix wins), and each used rule's
+    options from the method (`server_options`) overridden by `server.options`."""
+    prefixes = {**method.server_rules, **spec.server.rules}
+    rules = {}
+    for key in method.state_dict():
+        rule = prefixes[max((p for p in prefixes if key.startswith(p)), key=len)]
+        if rule != LOCAL:
+            rules[key] = rule
+    options = {}
+    for name in sorted(set(rules.values())):
+        rule = RULES.get(name)
+        if rule.options is not None:
+            raw = {**method.server_options().get(name, {}), **spec.server.options.get(name, {})}
+            options[name] = build_dataclass(rule.options, raw, f"server.options.{name}.")
+    return rules, options
 
 
 def run_federated(spec, *, progress: bool = True, on_round=None, tags: dict | None = None,
@@ -57,50 +81,66 @@ def run_federated(spec, *, progress: bool = True, on_round=None, tags: dict | No
     """
     say = print if progress else (lambda *a, **k: None)
     started = time.perf_counter()
+    startup: dict[str, float] = {}
+
+    def phase(name: str, since: float) -> float:
+        now = time.perf_counter()
+        startup[f"startup_{name}_seconds"] = now - since
+        return now
 
     # 1. Everything that depends only on the inputs, before any cluster work.
     if not ray.is_initialized() and not os.environ.get("RAY_ADDRESS"):  # the local Ray will get this machine
         import torch
 
         check_fits(spec, {"CPU": os.cpu_count(), "GPU": torch.cuda.device_count()}, "this machine")
-    prepare_backbone(spec, progress=progress)
+    tic = time.perf_counter()
     data = prepare_data(spec)
     if METHODS[spec.method.name].feature_kind == "embeddings" and data.train_missing is None:
         raise ConfigError(f"data.name: {spec.method.name} needs image+text data (synthetic-recipes, food101, mmimdb); "
                           f"{data.dataset.name} has no text")
+    tic = phase("data", tic)
+    prepare_backbone(spec, progress=progress)
     task = Task(data.dataset.class_names, multilabel=data.dataset.multilabel)
     method = build_method(spec, load_backbone(spec), task)
     initial_state = method.global_state()
-    rules = {key: method.rule_of(key) for key in initial_state}
-    rule_options = method.server_options()
+    rules, rule_options = server_rules(method, spec)
     trainable_params = sum(p.numel() for p in method.parameters() if p.requires_grad)
     del method
+    tic = phase("backbone", tic)
 
     tracker = RunTracker(spec, tags=tags, run_id=resume["run_id"] if resume else None)
+    tic = phase("mlflow", tic)
     clock = _virtual_clock(spec, data, initial_state, resume)
     run_dir = Path(spec.output_dir).resolve() / tracker.run_id  # checkpoint and spilled client states
+    cooccurring = cooccurring_pairs(data.dataset.train.labels) if task.multilabel else None
     history: list[dict] = []
     started_ray = False
     placement, bundle_offset = None, 0
     coordinator = pool = None
     try:
         # 2. Place the coordinator and the worker pool; give the workers their clients' data.
-        started_ray = ensure_ray()
+        from fedvlp.plugins import runtime_env
+
+        started_ray = ensure_ray(spec.plugins)
         placement, bundle_offset = _reserve(spec)
+        tic = phase("ray", tic)
         coordinator = Coordinator.options(
             num_cpus=spec.resources.coordinator_cpus, name=f"fedvlp-{tracker.run_id}-coordinator",
+            runtime_env=runtime_env(spec.plugins),
             scheduling_strategy=PlacementGroupSchedulingStrategy(placement, placement_group_bundle_index=bundle_offset),
         ).remote(spec.seed, spec.federation.clients, spec.federation.participation, initial_state, rules,
                  rule_options, (str(run_dir / "client_states"), int(spec.resources.client_state_memory_mb * 2**20)),
-                 resume)
+                 resume, tuple(spec.plugins))
         pool = WorkerPool(spec, task, placement, bundle_offset, name=f"fedvlp-{tracker.run_id}")
         worker_info = pool.ready()
+        tic = phase("actors", tic)
         cache_status = _attach_data(spec, data, pool, worker_info[0], say)
+        tic = phase("features", tic)
         nodes = sorted({w["node_id"] for w in worker_info})
         tracker.set_tags({**cache_status, "nodes": ",".join(nodes)})
         say(f"fedvlp: {len(pool.actors)} workers ready on {len(nodes)} node(s); "
             f"{spec.federation.clients} clients, MLflow run {tracker.run_id}")
-        evaluate = lambda: _evaluate(pool, coordinator.global_state.remote(), data.test_labels, task)  # noqa: E731
+        evaluate = lambda: _evaluate(pool, coordinator, data, task, cooccurring)  # noqa: E731
         checkpoint = run_dir / "checkpoint.pt"
         tracker.set_tags({"checkpoint": str(checkpoint)})
 
@@ -111,8 +151,8 @@ def run_federated(spec, *, progress: bool = True, on_round=None, tags: dict | No
         else:
             first_round = 1
             initial = final = evaluate()
-            tracker.log_metrics(0, {"startup_seconds": time.perf_counter() - started,
-                                    "trainable_params": trainable_params, **_prefixed(initial, "test_")})
+            tracker.log_metrics(0, {"startup_seconds": time.perf_counter() - started, **startup,
+                                    "trainable_params": trainable_params, **initial})
             say(f"round 0/{spec.federation.rounds}  " + _headline(initial) + "  (before training)")
         for round_index in range(first_round, spec.federation.rounds + 1):
             tic = time.perf_counter()
@@ -121,7 +161,7 @@ def run_federated(spec, *, progress: bool = True, on_round=None, tags: dict | No
                 tracker.set_tags({f"failure.round{round_index}.client{cid}": cause[:5000] for cid, cause in failures})
             if round_index % spec.federation.eval_every == 0 or round_index == spec.federation.rounds:
                 final = evaluate()
-                metrics.update(_prefixed(final, "test_"))
+                metrics.update(final)
             save_checkpoint(checkpoint, {**ray.get(coordinator.snapshot.remote()), "run_id": tracker.run_id,
                                          "initial": initial, "final": final,
                                          "virtual_clock_seconds": clock.elapsed if clock else 0.0})
@@ -130,8 +170,8 @@ def run_federated(spec, *, progress: bool = True, on_round=None, tags: dict | No
             tracker.log_metrics(round_index, metrics)
             history.append({"round": round_index, **metrics, "timings": timings})
             say(_round_line(round_index, spec.federation.rounds, metrics))
-            if on_round is not None:  # the latest test metrics every round, so schedulers always see them
-                on_round(round_index, {**_prefixed(final, "test_"), **metrics}, checkpoint)
+            if on_round is not None:  # the latest metrics every round, so schedulers always see them
+                on_round(round_index, {**final, **metrics}, checkpoint)
         final_state = ray.get(coordinator.global_state.remote())
         tracker.log_json({"initial": initial, "final": final, "rounds": spec.federation.rounds}, "final_metrics.json")
         tracker.end("FINISHED")
@@ -183,7 +223,8 @@ def _train_round(spec, round_index: int, coordinator, pool: WorkerPool, clock: V
                        spec.resources.round_timeout_s)[0]
     metrics.update(train_loss=summary["train_loss"], bytes_up=summary["bytes_up"], bytes_down=summary["bytes_down"],
                    clients=len(summary["clients"]), failed_clients=len(failures), late_clients=len(late),
-                   replaced_workers=replaced, timings=summary["timings"])
+                   replaced_workers=replaced, timings=summary["timings"],
+                   **{f"train_{name}": value for name, value in summary["stats"].items()})
     return metrics, failures
 
 
@@ -291,12 +332,18 @@ def load_checkpoint(path: str | Path) -> dict:
 
 # ---------------------------------------------------------------- placement
 
-def ensure_ray() -> bool:
-    """Connect to the cluster in RAY_ADDRESS, or start a private local one (no dashboard); True if started here."""
+def ensure_ray(plugins=()) -> bool:
+    """Connect to the cluster in RAY_ADDRESS, or start a private local one (no dashboard); True if started here.
+
+    The job's runtime environment ships the `plugins` that are not installed on the nodes (Tune trials
+    import them too)."""
+    from fedvlp.plugins import runtime_env
+
     if ray.is_initialized():
         return False
     quiet = os.environ.get("FEDVLP_RAY_LOGS") != "1"
-    common = {"log_to_driver": not quiet, "logging_level": "ERROR" if quiet else "INFO"}
+    common = {"log_to_driver": not quiet, "logging_level": "ERROR" if quiet else "INFO",
+              "runtime_env": runtime_env(plugins)}
     if os.environ.get("RAY_ADDRESS"):
         ray.init(address=os.environ["RAY_ADDRESS"], **common)
     else:
@@ -316,7 +363,7 @@ def _worker_bundle(resources) -> dict[str, float]:
 
 
 def run_bundles(spec) -> list[dict[str, float]]:
-    """The run's resources: one coordinator bundle, then one bundle per worker (DESIGN §2)."""
+    """The run's resources: one coordinator bundle, then one bundle per worker."""
     return [{"CPU": spec.resources.coordinator_cpus}] + [_worker_bundle(spec.resources)] * spec.resources.workers
 
 
@@ -351,14 +398,16 @@ def _reserve(spec):
 
 
 def _feature_sets(data, feature_kind: str) -> list[tuple[str, object, np.ndarray | None]]:
-    """What the workers encode: (name, split, missing table). The training split; the test split
-    once, or, for image+text methods, once per evaluation set of DESIGN §4 ("test" is the
-    training setting, then "test_full", "test_miss_image", ...)."""
-    train, test = data.dataset.train, data.dataset.test
+    """What the workers encode: (name, split, missing table). The training split, the held-out pool of the
+    clients' local test sets, val and test; for image+text methods val under the training setting, and the
+    test split once per evaluation set ("test" is the training setting, then "test_full", "test_miss_image", ...)."""
+    dataset = data.dataset
     if feature_kind != "embeddings":
-        return [("train", train, None), ("test", test, None)]
-    return [("train", train, data.train_missing)] + [
-        (_eval_set_name(name), test, table) for name, table in data.eval_missing.items()]
+        return [("train", dataset.train, None), ("holdout", dataset.holdout, None), ("val", dataset.val, None),
+                ("test", dataset.test, None)]
+    return [("train", dataset.train, data.train_missing), ("holdout", dataset.holdout, data.holdout_missing),
+            ("val", dataset.val, data.val_missing)] + [
+        (_eval_set_name(name), dataset.test, table) for name, table in data.eval_missing.items()]
 
 
 def _eval_set_name(name: str) -> str:
@@ -374,6 +423,9 @@ def _frozen_features(spec, data, workers: list, worker: dict, say) -> tuple[dict
     cache = FeatureCache() if spec.data.feature_cache else None
     out, status = {}, {}
     for name, split, table in _feature_sets(data, worker["feature_kind"]):
+        if not len(split):  # an empty held-out pool: no local test sets
+            out[name] = np.zeros((0,), np.float16)
+            continue
         parts = {"backbone": backbone_id(spec), "dataset": data.dataset.name, "split": name.split("_")[0],
                  "images": split.images.cache_key(), "transform": worker["transform"], "kind": worker["feature_kind"]}
         if table is not None:  # image+text inputs: the exact texts and missing pattern too
@@ -396,45 +448,62 @@ def _frozen_features(spec, data, workers: list, worker: dict, say) -> tuple[dict
 
 
 def _attach_data(spec, data, pool: WorkerPool, worker: dict, say) -> dict[str, str]:
-    """Give every worker its clients' features and labels, and its share of the test blocks."""
+    """Give every worker its clients' training data and local test sets, and its share of the evaluation blocks."""
     features, cache_status = _frozen_features(spec, data, pool.actors, worker, say)
-    missing = {"train": data.train_missing} if data.eval_missing is not None else {}
-    missing.update({_eval_set_name(name): table for name, table in (data.eval_missing or {}).items()})
-    train_ref = ray.put((features.pop("train"), data.train_labels, missing.pop("train", None)))
-    test_ref = ray.put({name: (f, missing.get(name)) for name, f in features.items()})
-    pool.attach(train_ref, data.parts, test_ref, len(data.test_labels))
+    dataset = data.dataset
+    train_ref = ray.put((features.pop("train"), data.train_labels, data.train_missing))
+    holdout_ref = ray.put((features.pop("holdout"), dataset.holdout.labels, data.holdout_missing))
+    missing = {"val": data.val_missing, **{_eval_set_name(n): t for n, t in (data.eval_missing or {}).items()}}
+    eval_ref = ray.put({name: (f, missing.get(name)) for name, f in features.items()})
+    pool.attach(train_ref, holdout_ref, data.parts, data.local_tests, eval_ref,
+                max(len(dataset.val), len(dataset.test)))
     return cache_status
 
 
 # ---------------------------------------------------------------- evaluation and output
 
-def _evaluate(pool: WorkerPool, state_ref, labels: np.ndarray, task) -> dict[str, float]:
-    """Score every test set sharded over the workers; compute the metrics centrally.
+def _scores(task, logits: np.ndarray, labels: np.ndarray, cooccurring=None) -> dict[str, float]:
+    if task.multilabel:
+        return multilabel_metrics(logits, labels, cooccurring=cooccurring)
+    return single_label_metrics(logits, labels)
 
-    The metrics of the main test set are unprefixed ("mAP", "accuracy"); those of the other
-    evaluation sets (image+text data) carry the set's name ("full_accuracy", "text_only_macro_f1").
+
+def _evaluate(pool: WorkerPool, coordinator, data, task, cooccurring) -> dict[str, float]:
+    """Score the global model on every evaluation set, sharded over the workers, and each client's model on its
+    local test set; the metrics are computed centrally.
+
+    Names: "<set>_<metric>" for the sets "val", "test" and, on image+text data, the six fixed test sets
+    ("test_full_accuracy", "test_text_only_macro_f1", ...); "personal_<metric>" for the mean over the clients
+    of their own model on their local test set, and "personal_<metric>_std" for its spread over the clients.
     """
+    state_ref = coordinator.global_state.remote()
     per_worker = pool.evaluate(state_ref)
     metrics = {}
     for name in per_worker[0]:
         blocks = sorted((b for scores in per_worker for b in scores[name]), key=lambda b: b[0])
         logits = np.concatenate([scores for _, scores in blocks])
-        values = multilabel_metrics(logits, labels) if task.multilabel else single_label_metrics(logits, labels)
-        prefix = "" if name == "test" else name.removeprefix("test_") + "_"
-        metrics.update({prefix + k: v for k, v in values.items()})
+        labels = data.dataset.val.labels if name == "val" else data.test_labels
+        metrics.update({f"{name}_{k}": v for k, v in _scores(task, logits, labels, cooccurring).items()})
+    if pool.local_test_clients:
+        clients = sorted(pool.local_test_clients)
+        logits = pool.evaluate_clients(state_ref, coordinator.client_states_of.remote(clients))
+        holdout = data.dataset.holdout.labels
+        per_client = [_scores(task, logits[cid], holdout[data.local_tests[cid]]) for cid in clients]
+        for key in per_client[0]:
+            values = np.array([m[key] for m in per_client], dtype=np.float64)
+            if np.isnan(values).all():
+                continue
+            metrics[f"personal_{key}"] = float(np.nanmean(values))
+            metrics[f"personal_{key}_std"] = float(np.nanstd(values))
     return metrics
 
 
-def _prefixed(metrics: dict, prefix: str) -> dict:
-    return {prefix + k: v for k, v in metrics.items()}
+HEADLINE = ("val_mAP", "test_mAP", "personal_mAP", "val_accuracy", "test_accuracy", "personal_accuracy")
 
 
-HEADLINE = ("mAP", "CF1", "OF1", "accuracy", "macro_f1")
-
-
-def _headline(metrics: dict, prefix: str = "") -> str:
-    return "  ".join(f"test {k} {metrics[prefix + k]:.4f}" for k in HEADLINE if prefix + k in metrics)
+def _headline(metrics: dict) -> str:
+    return "  ".join(f"{k.replace('_', ' ')} {metrics[k]:.4f}" for k in HEADLINE if k in metrics)
 
 
 def _round_line(round_index: int, rounds: int, m: dict) -> str:
-    return f"round {round_index}/{rounds}  loss {m['train_loss']:.4f}  {_headline(m, 'test_')}  {m['round_seconds']:.1f} s"
+    return f"round {round_index}/{rounds}  loss {m['train_loss']:.4f}  {_headline(m)}  {m['round_seconds']:.1f} s"

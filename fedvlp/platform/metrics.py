@@ -1,4 +1,4 @@
-"""Evaluation metrics: the definitions of DESIGN §4.
+"""Evaluation metrics: the definitions of docs/architecture.md ("Shared definitions").
 
 Multi-label: mAP is the mean, over classes with at least one positive, of the per-class
 average precision (sklearn semantics, tied scores grouped); CP/CR/CF1 and OP/OR/OF1 follow
@@ -98,9 +98,11 @@ def _precision_recall(pred: np.ndarray, targets: np.ndarray, suffix: str) -> dic
 
 
 def multilabel_metrics(
-    logits: np.ndarray, targets: np.ndarray, threshold: float = 0.5, top_k: int = 3
+    logits: np.ndarray, targets: np.ndarray, threshold: float = 0.5, top_k: int = 3,
+    cooccurring: np.ndarray | None = None,
 ) -> dict[str, float]:
-    """mAP plus thresholded and top-k ML-GCN metrics for raw scores [n, C]."""
+    """mAP plus thresholded and top-k ML-GCN metrics for raw scores [n, C]; with the training co-occurrence
+    pairs `cooccurring` [C, C], also the hallucination gap (`hallucination_gap`)."""
     logits = np.asarray(logits, dtype=np.float64)
     targets = np.asarray(targets)
     pred = _sigmoid(logits) >= threshold
@@ -111,6 +113,8 @@ def multilabel_metrics(
     metrics = {"mAP": mean_average_precision(logits, targets)}
     metrics.update(_precision_recall(pred, targets, ""))
     metrics.update(_precision_recall(pred & in_top, targets, f"_top{top_k}"))
+    if cooccurring is not None:
+        metrics["hallucination_gap"] = hallucination_gap(logits, targets, cooccurring)
     return metrics
 
 
@@ -128,3 +132,32 @@ def single_label_metrics(logits: np.ndarray, labels: np.ndarray) -> dict[str, fl
         "accuracy": float(np.mean(pred == labels)) if labels.size else 0.0,
         "macro_f1": float(f1.mean()) if f1.size else 0.0,
     }
+
+
+def cooccurring_pairs(labels: np.ndarray) -> np.ndarray:
+    """bool [C, C]: the class pairs (c, d), c != d, that co-occur in `labels` (multi-hot [n, C], entries > 0
+    positive) more often than independence of the two classes predicts (lift n_cd * n / (n_c * n_d) > 1)."""
+    positive = (np.asarray(labels) > 0).astype(np.float64)
+    n = max(len(positive), 1)
+    together = positive.T @ positive
+    counts = np.diag(together)
+    expected = np.outer(counts, counts) / n
+    pairs = together > expected
+    np.fill_diagonal(pairs, False)
+    return pairs
+
+
+def hallucination_gap(logits: np.ndarray, targets: np.ndarray, cooccurring: np.ndarray) -> float:
+    """The co-occurrence hallucination gap: over all samples, the mean sigmoid score of the absent classes that
+    co-occur in training with at least one present class (`cooccurring_pairs`), minus the mean score of the
+    other absent classes. Positive: the model leans on co-occurrence to predict what is not there. Unknown
+    (-1) entries are neither present nor absent; nan when either group is empty."""
+    targets = np.asarray(targets)
+    scores = _sigmoid(np.asarray(logits, dtype=np.float64))
+    present = (targets == 1).astype(np.float64)
+    absent = targets == 0
+    suggested = (present @ np.asarray(cooccurring, dtype=np.float64)) > 0
+    tempting, other = absent & suggested, absent & ~suggested
+    if not tempting.any() or not other.any():
+        return float("nan")
+    return float(scores[tempting].mean() - scores[other].mean())

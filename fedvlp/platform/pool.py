@@ -33,14 +33,17 @@ class WorkerPool:
         self.replacements = 0  # over the whole run
         self._data: list[tuple] = []  # per worker: the arguments of its `attach`
         self.home: dict[int, int] = {}
+        self.local_test_clients: set[int] = set()
         self.actors = [self._start(w) for w in range(spec.resources.workers)]
 
     def _start(self, index: int):
         """Worker `index` in its own bundle; named (`ray list actors`) so drills and tests can reach it."""
+        from fedvlp.plugins import runtime_env
+
         generation = f"-{self.replacements}" if self.replacements else ""  # a dead actor's name may linger
         return ClientWorker.options(
             num_cpus=self.spec.resources.num_cpus, num_gpus=self.spec.resources.num_gpus,
-            name=f"{self.name}-worker-{index}{generation}",
+            name=f"{self.name}-worker-{index}{generation}", runtime_env=runtime_env(self.spec.plugins),
             scheduling_strategy=PlacementGroupSchedulingStrategy(
                 self.placement, placement_group_bundle_index=self.bundle_offset + 1 + index),
         ).remote(self.spec, index, self.task)
@@ -49,15 +52,18 @@ class WorkerPool:
         return wait_all([a.ready.remote() for a in actors or self.actors], "start-up of the client workers",
                         self.spec.resources.startup_timeout_s, "resources.startup_timeout_s")
 
-    def attach(self, train_ref, parts: list, test_ref, num_test: int) -> None:
-        """Give every worker its clients' features and labels and its share of the test blocks."""
+    def attach(self, train_ref, holdout_ref, parts: list, local_tests: list, eval_ref, eval_size: int) -> None:
+        """Give every worker its clients' training data and local test sets, and its share of the evaluation
+        blocks (blocks of EVAL_BLOCK samples of every evaluation set, dealt round-robin over the workers)."""
         count = len(self.actors)
         self.home = {cid: cid % count for cid in range(len(parts))}
-        blocks = [(s, min(s + EVAL_BLOCK, num_test)) for s in range(0, num_test, EVAL_BLOCK)]
-        self._data = [(train_ref, {c: parts[c] for c in self.home if self.home[c] == w}, test_ref, blocks[w::count])
-                      for w in range(count)]
+        blocks = [(s, s + EVAL_BLOCK) for s in range(0, eval_size, EVAL_BLOCK)]
+        self._data = [(train_ref, holdout_ref,
+                       {c: (parts[c], local_tests[c]) for c in self.home if self.home[c] == w},
+                       eval_ref, blocks[w::count]) for w in range(count)]
         wait_all([actor.attach.remote(*self._data[w]) for w, actor in enumerate(self.actors)],
                  "loading client data", self.spec.resources.startup_timeout_s, "resources.startup_timeout_s")
+        self.local_test_clients = {c for c in self.home if len(local_tests[c])}
 
     def submit(self, round_index: int, client_id: int, state_ref, client_state_ref, deadline: float | None):
         """(status ref, update ref, the actor it went to) of one client's local update on its home worker."""
@@ -78,17 +84,24 @@ class WorkerPool:
         return True
 
     def evaluate(self, state_ref) -> list[dict]:
-        """Every worker's logits for its test blocks; a worker found dead is replaced and asked again."""
+        """Every worker's logits for its evaluation blocks; a worker found dead is replaced and asked again."""
+        return self._on_every_worker(lambda actor: actor.evaluate.remote(state_ref), "evaluation")
+
+    def evaluate_clients(self, state_ref, local_states_ref) -> dict[int, object]:
+        """Each client's logits on its local test set, with the global state and its own local state."""
+        per_worker = self._on_every_worker(lambda actor: actor.evaluate_clients.remote(state_ref, local_states_ref),
+                                           "evaluation of the clients' local test sets")
+        return {cid: logits for scores in per_worker for cid, logits in scores.items()}
+
+    def _on_every_worker(self, call, what: str) -> list:
         actors = list(self.actors)
-        refs = [a.evaluate.remote(state_ref) for a in actors]
         try:
-            return wait_all(refs, "evaluation", self.spec.resources.round_timeout_s)
+            return wait_all([call(a) for a in actors], what, self.spec.resources.round_timeout_s)
         except ray.exceptions.RayActorError:
             for index, actor in enumerate(actors):
                 if not _alive(actor):
                     self.replace(index, actor)
-            return wait_all([a.evaluate.remote(state_ref) for a in self.actors], "evaluation",
-                            self.spec.resources.round_timeout_s)
+            return wait_all([call(a) for a in self.actors], what, self.spec.resources.round_timeout_s)
 
     def kill(self) -> None:
         for actor in self.actors:

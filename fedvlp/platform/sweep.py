@@ -1,4 +1,4 @@
-"""`fedvlp sweep SPACE.yaml`: a Ray Tune search over whole federated runs (DESIGN §6).
+"""`fedvlp sweep SPACE`: a Ray Tune search over whole federated runs.
 
 Each trial is one `run_federated` call, reserving its own placement group (one bundle for the
 trial itself, one for its coordinator, one per worker), reporting and checkpointing every
@@ -6,9 +6,9 @@ round. The sweep is one MLflow experiment with a parent run and one nested run p
 `--resume` continues an interrupted sweep: finished trials are kept, unfinished ones continue
 from their last round checkpoint in their own MLflow run.
 
-A space file:
+A space file (a path, or the name of one shipped in fedvlp/tune_spaces):
 
-    base: ../configs/quickstart.yaml        # run config, relative to the space file
+    base: quickstart                        # run config: a shipped name, or a path relative to the space file
     name: heterogeneity                     # Tune experiment and MLflow experiment "sweep-<name>"
     set: {federation.rounds: 5}             # fixed overrides (dotted keys)
     space:                                  # dotted key -> one of grid / choice / uniform / loguniform
@@ -20,8 +20,9 @@ A space file:
     method_settings:                        # optional: overrides applied whenever a trial runs that method
       fedmpt: {method.lr: 0.02, method.local_epochs: 5}
     seeds: [0, 1, 2]
-    metric: test_mAP
+    metric: val_mAP                         # what ASHA and "best" read: a val_* metric, never a test one
     mode: max
+    reference: promptfl                     # optional: the report's paired differences are against this method
     scheduler: {type: none}                 # or {type: asha, grace_period: 2, reduction_factor: 2}
     num_samples: 1                          # samples of the random (choice/uniform) part per grid point
     max_concurrent_trials: 2
@@ -42,8 +43,8 @@ from typing import Any
 from fedvlp.config import build_spec, read_yaml, set_dotted
 from fedvlp.errors import ConfigError, FedvlpError
 
-SPACE_KEYS = {"base", "name", "set", "space", "variants", "method_settings", "seeds", "metric", "mode", "scheduler", "num_samples",
-              "max_concurrent_trials", "trial_cpus", "storage"}
+SPACE_KEYS = {"base", "name", "set", "space", "variants", "method_settings", "seeds", "metric", "mode", "scheduler",
+              "num_samples", "max_concurrent_trials", "trial_cpus", "storage", "reference"}
 VARIANT_KEY = "variant"
 DISTRIBUTIONS = ("grid", "choice", "uniform", "loguniform")
 PARENT_FILE = "fedvlp_sweep.json"
@@ -65,6 +66,7 @@ class SweepSpec:
     storage: Path = Path("ray_results")
     variants: dict[str, dict] = field(default_factory=dict)
     method_settings: dict[str, dict] = field(default_factory=dict)
+    reference: str | None = None
 
     @property
     def experiment(self) -> str:
@@ -80,11 +82,33 @@ def _fail(path, key: str, expected: str, got=None) -> ConfigError:
     return ConfigError(f"{path}: {key}: expected {expected}{tail}")
 
 
+def check_selection_metric(metric, where: str) -> str:
+    """What selects (a sweep's best trial, ASHA, `fedvlp tune`) reads a val_* metric, never a test one."""
+    if not isinstance(metric, str) or not metric.startswith("val_"):
+        raise ConfigError(f"{where}: expected a val_* metric such as val_mAP or val_accuracy (selection never reads "
+                          f"test or personal metrics), got {metric!r}")
+    return metric
+
+
+def resolve_base(base, space_path: Path) -> Path:
+    """A space file's base config: a path relative to the space file, or a shipped config name."""
+    from fedvlp.config import CONFIGS_DIR, resolve_file
+
+    relative = (space_path.parent / str(base)).resolve()
+    if relative.is_file():
+        return relative
+    try:
+        return resolve_file(str(base), CONFIGS_DIR, "config")
+    except ConfigError:
+        raise ConfigError(f"{space_path}: base: {base} not found; expected a run config file relative to the "
+                          f"space file, or a shipped config name") from None
+
+
 def load_sweep(path: str | Path, overrides: list[str] | None = None) -> SweepSpec:
     """Read and validate a space file; every grid point is checked as a run config before Ray starts."""
-    from fedvlp.config import apply_overrides
+    from fedvlp.config import SPACES_DIR, apply_overrides, resolve_file
 
-    path = Path(path)
+    path = resolve_file(path, SPACES_DIR, "space")
     raw = read_yaml(path)
     for key in raw:
         if key not in SPACE_KEYS:
@@ -92,11 +116,7 @@ def load_sweep(path: str | Path, overrides: list[str] | None = None) -> SweepSpe
     for key in ("base", "space", "metric"):
         if key not in raw:
             raise _fail(path, key, "a value (required)")
-    base_path = (path.parent / str(raw["base"])).resolve()
-    if not base_path.is_file():
-        raise ConfigError(f"{path}: base: {base_path} not found; "
-                          f"expected a run config file, relative to the space file")
-    base = read_yaml(base_path)
+    base = read_yaml(resolve_base(raw["base"], path))
     fixed = raw.get("set") or {}
     if not isinstance(fixed, dict):
         raise _fail(path, "set", "a mapping of dotted keys to values", fixed)
@@ -137,9 +157,13 @@ def load_sweep(path: str | Path, overrides: list[str] | None = None) -> SweepSpe
     seeds = raw.get("seeds", [0])
     if not isinstance(seeds, list) or not seeds or not all(isinstance(s, int) and s >= 0 for s in seeds):
         raise _fail(path, "seeds", "a non-empty list of non-negative integers", seeds)
+    check_selection_metric(raw["metric"], f"{path}: metric")
     mode = raw.get("mode", "max")
     if mode not in ("max", "min"):
         raise _fail(path, "mode", "max or min", mode)
+    reference = raw.get("reference")
+    if reference is not None and not isinstance(reference, str):
+        raise _fail(path, "reference", "a method name", reference)
     scheduler = raw.get("scheduler") or {"type": "none"}
     if not isinstance(scheduler, dict) or scheduler.get("type") not in ("none", "asha") or \
             set(scheduler) - {"type", "grace_period", "reduction_factor"}:
@@ -156,7 +180,8 @@ def load_sweep(path: str | Path, overrides: list[str] | None = None) -> SweepSpe
                       method_settings=method_settings,
                       seeds=tuple(seeds), metric=str(raw["metric"]), mode=mode, scheduler=scheduler,
                       num_samples=raw.get("num_samples", 1), max_concurrent_trials=raw.get("max_concurrent_trials", 1),
-                      trial_cpus=float(trial_cpus), storage=Path(raw.get("storage", "ray_results")))
+                      trial_cpus=float(trial_cpus), storage=Path(raw.get("storage", "ray_results")),
+                      reference=reference)
     for point in _validation_points(sweep):
         try:
             trial_spec(sweep, point, parent_run_id="validation")
@@ -182,7 +207,15 @@ def trial_spec(sweep: SweepSpec, config: dict, parent_run_id: str):
     for key, value in sweep.method_settings.get(raw["method"]["name"], {}).items():
         set_dotted(raw, key, value)
     raw["tracking"]["experiment"] = sweep.experiment
+    raw["tracking"]["run_name"] = trial_name(sweep, config, raw["method"]["name"])
     return build_spec(raw)
+
+
+def trial_name(sweep: SweepSpec, config: dict, method: str) -> str:
+    """`<method> <swept values> seed <s>`: what the MLflow runs table shows for a trial."""
+    swept = [f"{key.rsplit('.', 1)[-1]}={config[key]}" for key in sweep.swept_keys
+             if key != "method.name" and key in config]
+    return " ".join([method, *swept, f"seed {config.get('seed', '?')}"])
 
 
 def _absolute_uri(uri: str | None) -> str:
@@ -290,13 +323,13 @@ def run_sweep(sweep: SweepSpec, resume: bool = False, progress: bool = True):
     else:
         parent = client.create_run(experiment_id, run_name=sweep.name, tags={
             "fedvlp.role": "sweep", "sweep": sweep.name, "swept_keys": ",".join(sweep.swept_keys),
-            "metric": sweep.metric, "mode": sweep.mode})
+            "metric": sweep.metric, "mode": sweep.mode, **({"reference": sweep.reference} if sweep.reference else {})})
         parent_run_id = parent.info.run_id
         client.log_text(parent_run_id, sweep.path.read_text(), "space.yaml")
         experiment_dir.mkdir(parents=True, exist_ok=True)
         state_file.write_text(json.dumps({"parent_run_id": parent_run_id, "tracking_uri": uri}))
 
-    started_ray = ensure_ray()
+    started_ray = ensure_ray(plugins=trial_spec(sweep, {"seed": sweep.seeds[0]}, "plugins").plugins)
     try:
         trainable = tune.with_resources(
             tune.with_parameters(_trial, sweep=sweep, parent_run_id=parent_run_id), _trial_resources(sweep))

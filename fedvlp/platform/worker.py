@@ -1,9 +1,9 @@
 """ClientWorker: a long-lived actor that trains the virtual clients it owns.
 
 It loads the frozen backbone once, helps encode the frozen features once (or reads them from
-the on-disk cache through the driver), keeps its clients' features and labels for the whole
-run, and per round only receives the global state (one object-store reference shared by all
-workers) and the cohort's client-local states.
+the on-disk cache through the driver), keeps its clients' features and labels (training data and
+local test set) for the whole run, and per round only receives the global state (one object-store
+reference shared by all workers) and the cohort's client-local states.
 """
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ import torch
 from fedvlp.backbones import load_backbone
 from fedvlp.data.missing import apply_missing
 from fedvlp.methods.base import ClientData, Task
+from fedvlp.platform.updates import ClientUpdate
 from fedvlp.seeding import torch_generator
 
 
@@ -30,6 +31,9 @@ def build_method(spec, backbone, task: Task):
 @ray.remote(max_restarts=0)
 class ClientWorker:
     def __init__(self, spec, index: int, task: Task):
+        from fedvlp.plugins import load_plugins
+
+        load_plugins(spec.plugins)  # a plugin method is registered here too, not only in the driver
         torch.set_num_threads(max(1, int(spec.resources.num_cpus)))
         self.spec, self.index = spec, index
         gpu_ids = ray.get_gpu_ids()
@@ -37,7 +41,8 @@ class ClientWorker:
         self.backbone = load_backbone(spec, self.device)
         self.method = build_method(spec, self.backbone, task).to(self.device)
         self.clients: dict[int, ClientData] = {}
-        self.test_blocks: dict[str, list[tuple[int, object]]] = {}
+        self.local_tests: dict[int, ClientData] = {}
+        self.eval_blocks: dict[str, list[tuple[int, object]]] = {}
         self.faults: dict[tuple[int, int], tuple] = {}  # (round, client) -> injected fault (`inject_fault`)
 
     def ready(self) -> dict:
@@ -71,29 +76,32 @@ class ClientWorker:
         return self.method.make_inputs(to_tensor(features.astype(np.float32)),
                                        None if missing is None else to_tensor(missing.astype(np.int64)))
 
-    def attach(self, train: tuple, client_indices: dict[int, np.ndarray], test_sets: dict[str, tuple],
-               test_blocks: list[tuple[int, int]]) -> list[int]:
-        """Keep the features and labels of this worker's clients and test blocks for the whole run.
+    def _client_data(self, split: tuple, indices: np.ndarray) -> ClientData:
+        features, labels, missing = split
+        dtype = np.float32 if labels.ndim == 2 else np.int64
+        return ClientData(self._inputs(features[indices], None if missing is None else missing[indices]),
+                          torch.from_numpy(labels[indices].astype(dtype)).to(self.device))
 
-        `train` is (features, labels, missing table or None); `test_sets` maps each evaluation
-        set to (features, missing table or None).
+    def attach(self, train: tuple, holdout: tuple, clients: dict[int, tuple[np.ndarray, np.ndarray]],
+               eval_sets: dict[str, tuple], eval_blocks: list[tuple[int, int]]) -> list[int]:
+        """Keep this worker's clients' training data and local test sets, and its blocks of every evaluation set.
+
+        `train` and `holdout` are (features, labels, missing table or None); `clients` maps each of this
+        worker's clients to (its training indices, its held-out-pool indices); `eval_sets` maps each
+        evaluation set ("val", "test", "test_full", ...) to (features, missing table or None).
         """
-        features, labels, missing = train
-        labels_dtype = np.float32 if labels.ndim == 2 else np.int64
-        self.clients = {
-            cid: ClientData(self._inputs(features[idx], None if missing is None else missing[idx]),
-                            torch.from_numpy(labels[idx].astype(labels_dtype)).to(self.device))
-            for cid, idx in client_indices.items()
-        }
-        self.test_blocks = {
-            name: [(start, self._inputs(f[start:end], None if m is None else m[start:end])) for start, end in test_blocks]
-            for name, (f, m) in test_sets.items()
+        self.clients = {cid: self._client_data(train, idx) for cid, (idx, _) in clients.items()}
+        self.local_tests = {cid: self._client_data(holdout, idx) for cid, (_, idx) in clients.items() if len(idx)}
+        self.eval_blocks = {
+            name: [(start, self._inputs(f[start:end], None if m is None else m[start:end]))
+                   for start, end in eval_blocks if start < len(f)]
+            for name, (f, m) in eval_sets.items()
         }
         return sorted(self.clients)
 
     @ray.method(num_returns=2)
     def train_client(self, round_index: int, client_id: int, global_state: dict, client_state: dict | None,
-                     deadline: float | None = None) -> tuple[dict, dict | None]:
+                     deadline: float | None = None) -> tuple[dict, ClientUpdate | None]:
         """One client's local update: (a small status for the driver, the update for the coordinator).
 
         A client whose turn comes after the round's wall-clock deadline is skipped: its update
@@ -105,14 +113,10 @@ class ClientWorker:
         started = time.time()
         self.method.load(_to(global_state, self.device), _to(client_state, self.device))
         data = self.clients[client_id]
-        stats = self.method.local_update(data, torch_generator(self.spec.seed, "client", round_index, client_id))
-        update = {
-            "client_id": client_id,
-            "num_samples": len(data),
-            "global": _to(self.method.global_state(), "cpu"),
-            "local": _to(self.method.local_state(), "cpu"),
-            "worker": self.index, "started": started, "finished": time.time(), **stats,
-        }
+        result = self.method.local_update(data, torch_generator(self.spec.seed, "client", round_index, client_id))
+        update = ClientUpdate.from_result(client_id, len(data), _to(self.method.global_state(), "cpu"),
+                                          _to(self.method.local_state(), "cpu"), result, worker=self.index,
+                                          started=started, finished=time.time())
         return {"client_id": client_id, "late": False}, update
 
     def inject_fault(self, round_index: int, client_id: int, kind: str, seconds: float = 1e6) -> None:
@@ -132,10 +136,21 @@ class ClientWorker:
             time.sleep(seconds)
 
     def evaluate(self, global_state: dict) -> dict[str, list[tuple[int, np.ndarray]]]:
-        """Logits of this worker's test blocks of every evaluation set under the global model."""
+        """Logits of this worker's blocks of every evaluation set under the global model (the global
+        state with the initial local state)."""
         self.method.load(_to(global_state, self.device), None)
         return {name: [(start, self.method.score(inputs).cpu().numpy()) for start, inputs in blocks]
-                for name, blocks in self.test_blocks.items()}
+                for name, blocks in self.eval_blocks.items()}
+
+    def evaluate_clients(self, global_state: dict, local_states: dict[int, dict | None]) -> dict[int, np.ndarray]:
+        """Logits of each of this worker's clients on its local test set, under the model that client would
+        use: the global state with its own local state."""
+        global_state = _to(global_state, self.device)
+        out = {}
+        for cid, data in sorted(self.local_tests.items()):
+            self.method.load(global_state, _to(local_states.get(cid), self.device))
+            out[cid] = self.method.score(data.features).cpu().numpy()
+        return out
 
 
 def _to(state: dict | None, device) -> dict | None:

@@ -1,0 +1,117 @@
+"""Plugins: user modules that register methods, server rules, datasets and partitioners.
+
+A plugin is an importable module (or package) whose import registers what it brings, with the same
+decorators and `register_*` calls the built-ins use. fedvlp imports, in this order:
+
+1. every entry point of the group `fedvlp.plugins` of the installed distributions
+   (`[project.entry-points."fedvlp.plugins"] my_plugin = "my_package.plugin"`);
+2. the modules named in `$FEDVLP_PLUGINS` (comma-separated);
+3. the modules named in the config's `plugins: [module, ...]`.
+
+They are imported in every process that builds or runs a spec: the driver (before the config is
+validated, so a plugin's method names and keys are known), every ClientWorker, the Coordinator and
+every Tune trial. A plugin that is not installed where Ray runs those processes (a module on the
+driver's path, not a distribution) is shipped to them with Ray's runtime environment (`py_modules`):
+a package as its directory, a single-file module as a one-file package of the same name.
+A module that cannot be imported is a one-line `ConfigError`, before any cluster work.
+"""
+from __future__ import annotations
+
+import importlib
+import importlib.metadata
+import os
+import shutil
+import sys
+import sysconfig
+import tempfile
+from pathlib import Path
+from types import ModuleType
+
+from fedvlp.errors import ConfigError
+
+ENTRY_POINT_GROUP = "fedvlp.plugins"
+ENV_VAR = "FEDVLP_PLUGINS"
+_entry_points_loaded = False
+
+
+def env_plugins() -> tuple[str, ...]:
+    return tuple(name.strip() for name in os.environ.get(ENV_VAR, "").split(",") if name.strip())
+
+
+def _load_entry_points() -> None:
+    global _entry_points_loaded
+    if _entry_points_loaded:
+        return
+    _entry_points_loaded = True
+    for entry_point in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
+        try:
+            loaded = entry_point.load()
+        except Exception as exc:
+            raise ConfigError(f"plugins: the entry point {entry_point.name} = {entry_point.value} of group "
+                              f"{ENTRY_POINT_GROUP} cannot be imported ({_reason(exc)})") from None
+        if callable(loaded) and not isinstance(loaded, ModuleType):
+            loaded()  # an entry point may name a register() function instead of a module
+
+
+def _reason(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0] if text else ''}"[:300]
+
+
+def load_plugins(names=()) -> list[ModuleType]:
+    """Import the entry-point plugins, then each module in `names` (idempotent: a module imports once)."""
+    _load_entry_points()
+    modules = []
+    for name in names:
+        if not isinstance(name, str) or not name or not all(part.isidentifier() for part in name.split(".")):
+            raise ConfigError(f"plugins: {name!r} is not a module name; expected a dotted Python module name "
+                              f"such as my_package.fedvlp_plugin")
+        try:
+            modules.append(importlib.import_module(name))
+        except Exception as exc:
+            raise ConfigError(f"plugins: cannot import {name!r} ({_reason(exc)}); expected a module on the Python "
+                              f"path (pip install it, or run from its parent directory)") from None
+    return modules
+
+
+def _installed(path: Path) -> bool:
+    """True if `path` lies in an installation directory (site-packages), where every node has it too."""
+    roots = {sysconfig.get_paths()[k] for k in ("purelib", "platlib")}
+    return any(Path(root) in path.parents for root in roots)
+
+
+_shipped: dict[str, str] = {}
+
+
+def py_modules(names) -> list[str]:
+    """Paths for Ray's `runtime_env={"py_modules": ...}` that make the plugins `names` importable in
+    processes on any node: the top-level package directory of each plugin not installed in
+    site-packages (a single-file module becomes a one-file package in a temporary directory)."""
+    out: list[str] = []
+    for name in names:
+        top = name.split(".")[0]
+        module = sys.modules.get(top) or importlib.import_module(top)
+        if getattr(module, "__path__", None):  # a package: ship its directory
+            path = Path(list(module.__path__)[0])
+        else:
+            path = Path(module.__file__)
+        if _installed(path):
+            continue
+        if path.is_dir():
+            shipped = str(path)
+        else:  # one file: Ray ships directories, so wrap it as a package of the same name
+            if top not in _shipped:
+                package = Path(tempfile.mkdtemp(prefix="fedvlp-plugin-")) / top
+                package.mkdir()
+                shutil.copy(path, package / "__init__.py")
+                _shipped[top] = str(package)
+            shipped = _shipped[top]
+        if shipped not in out:
+            out.append(shipped)
+    return out
+
+
+def runtime_env(names) -> dict | None:
+    """The Ray runtime environment that ships the plugins `names`, or None when there is nothing to ship."""
+    modules = py_modules(names)
+    return {"py_modules": modules} if modules else None
