@@ -55,12 +55,32 @@ def _parser() -> argparse.ArgumentParser:
                             "from their last round")
     sweep.add_argument("--report", action="store_true", help="write the report (fedvlp report) when done")
 
+    tune = commands.add_parser(
+        "tune", help="tune a method's hyper-parameters on the val split (Ray Tune + Optuna); writes a config",
+        description="Tune the hyper-parameters the config's method declares (fedvlp list methods shows them) with the "
+                    "same protocol for every method: BUDGET Ray Tune trials drawn by Optuna's TPE, each run once per "
+                    "seed, selected on the mean over the seeds of a val_* metric (never a test one). Logged to MLflow "
+                    "as one experiment (tune-CONFIG) with a parent run and a nested run per trial and seed; the best "
+                    "values are written into a copy of the config that fedvlp run and space files accept as a base.")
+    tune.add_argument("config", help="run config: a shipped name or a YAML path")
+    tune.add_argument("--budget", type=int, required=True, help="number of trials (every method gets the same)")
+    tune.add_argument("--seeds", type=int, nargs="+", default=[0, 1], help="seeds each trial runs (default: 0 1)")
+    tune.add_argument("--metric", help="val_* metric to select on (default val_mAP, or val_accuracy for "
+                                       "single-label data)")
+    tune.add_argument("--asha", action="store_true", help="stop weak trials early with ASHA (on the val metric)")
+    tune.add_argument("--concurrent", type=int, default=1, help="trials at a time (default 1)")
+    tune.add_argument("--out", help="where to write the tuned config (default CONFIG-tuned.yaml)")
+    _add_overrides(tune, "override a dotted key of the config for every trial (repeatable)")
+
     report = commands.add_parser("report", help="tables and plots of a sweep, logged to its parent run",
                                  description="Write Markdown and CSV tables and PNG plots of a sweep's MLflow "
                                              "experiment (final metric vs swept value, metric vs round, mean over "
                                              "the sweep per method) and log them to the sweep's parent run.")
     report.add_argument("experiment", help="MLflow experiment of the sweep, e.g. sweep-smoke")
-    report.add_argument("--metric", help="metric to report (default: the sweep's metric)")
+    report.add_argument("--metric", help="selection metric to report beside its test counterpart (default: the "
+                                         "sweep's metric, e.g. val_mAP)")
+    report.add_argument("--reference", help="method the paired differences are taken against (default: the space "
+                                            "file's reference)")
     report.add_argument("--out", help="output folder (default: reports/EXPERIMENT)")
     report.add_argument("--tracking-uri", help="MLflow store (default: $MLFLOW_TRACKING_URI or ./mlflow.db)")
 
@@ -206,16 +226,29 @@ def _sweep(args) -> None:
 
     sweep = load_sweep(args.space, args.overrides)
     results = run_sweep(sweep, resume=args.resume)
-    best = results.get_best_result(metric=sweep.metric, mode=sweep.mode, scope="all") if len(results) else None
+    best = results.get_best_result(metric=sweep.metric, mode=sweep.mode, scope="last") if len(results) else None
     print(f"\nsweep {sweep.name}: {len(results)} trials, {len(results.errors)} failed; MLflow experiment "
           f"{sweep.experiment}")
     if best is not None and best.metrics:
         print(f"best {sweep.metric} {best.metrics.get(sweep.metric, float('nan')):.4f} with {best.config}")
     if args.report:
-        args.experiment, args.metric, args.out, args.tracking_uri = sweep.experiment, None, None, None
+        args.experiment, args.metric, args.out, args.tracking_uri, args.reference = \
+            sweep.experiment, None, None, None, None
         _report(args)
     else:
         print(f"tables and plots:  fedvlp report {sweep.experiment}")
+
+
+def _tune(args) -> None:
+    from fedvlp.paths import default_tracking_uri
+    from fedvlp.platform.tracking import check_tracking_store
+    from fedvlp.platform.tune import load_tune, run_tune
+
+    tune_spec = load_tune(args.config, args.budget, tuple(args.seeds), args.metric, asha=args.asha,
+                          max_concurrent=args.concurrent, overrides=args.overrides)
+    check_tracking_store(tune_spec.base["tracking"]["uri"] or default_tracking_uri(), _tracking_source(None))
+    result = run_tune(tune_spec, out=args.out)
+    print(f"tuned config: {result['config']}  (fedvlp run {result['config']})")
 
 
 def _report(args) -> None:
@@ -225,7 +258,8 @@ def _report(args) -> None:
 
     uri = args.tracking_uri or default_tracking_uri()
     check_tracking_store(uri, "--tracking-uri" if args.tracking_uri else _tracking_source(None))
-    files = make_report(uri, args.experiment, args.out or f"reports/{args.experiment}", metric=args.metric)
+    files = make_report(uri, args.experiment, args.out or f"reports/{args.experiment}", metric=args.metric,
+                        reference=args.reference)
     for name, path in files.items():
         print(f"{name:>24}: {path}")
 
@@ -278,7 +312,7 @@ def one_line(error: FedvlpError) -> str:
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
-        {"run": _run, "sweep": _sweep, "report": _report, "data": _data, "pretrain": _pretrain,
+        {"run": _run, "sweep": _sweep, "tune": _tune, "report": _report, "data": _data, "pretrain": _pretrain,
          "list": _list}[args.command](args)
     except FedvlpError as exc:
         print(f"fedvlp: error: {one_line(exc)}", file=sys.stderr)

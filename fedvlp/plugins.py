@@ -12,7 +12,7 @@ They are imported in every process that builds or runs a spec: the driver (befor
 validated, so a plugin's method names and keys are known), every ClientWorker, the Coordinator and
 every Tune trial. A plugin that is not installed where Ray runs those processes (a module on the
 driver's path, not a distribution) is shipped to them with Ray's runtime environment (`py_modules`):
-a package as its directory, a single-file module as a one-file package of the same name.
+its package directory, or its file.
 A module that cannot be imported is a one-line `ConfigError`, before any cluster work.
 """
 from __future__ import annotations
@@ -80,38 +80,41 @@ def _installed(path: Path) -> bool:
     return any(Path(root) in path.parents for root in roots)
 
 
-_shipped: dict[str, str] = {}
-
-
 def py_modules(names) -> list[str]:
-    """Paths for Ray's `runtime_env={"py_modules": ...}` that make the plugins `names` importable in
-    processes on any node: the top-level package directory of each plugin not installed in
-    site-packages (a single-file module becomes a one-file package in a temporary directory)."""
+    """Paths for Ray's `runtime_env={"py_modules": ...}` that make the plugins `names` importable in processes on
+    any node: the top-level package directory (or single-file module) of each plugin not installed in site-packages."""
     out: list[str] = []
     for name in names:
         top = name.split(".")[0]
         module = sys.modules.get(top) or importlib.import_module(top)
-        if getattr(module, "__path__", None):  # a package: ship its directory
-            path = Path(list(module.__path__)[0])
-        else:
-            path = Path(module.__file__)
-        if _installed(path):
-            continue
-        if path.is_dir():
-            shipped = str(path)
-        else:  # one file: Ray ships directories, so wrap it as a package of the same name
-            if top not in _shipped:
-                package = Path(tempfile.mkdtemp(prefix="fedvlp-plugin-")) / top
-                package.mkdir()
-                shutil.copy(path, package / "__init__.py")
-                _shipped[top] = str(package)
-            shipped = _shipped[top]
-        if shipped not in out:
-            out.append(shipped)
+        path = Path(list(module.__path__)[0]) if getattr(module, "__path__", None) else Path(module.__file__)
+        if not _installed(path) and str(path) not in out:
+            out.append(str(path))
     return out
 
 
 def runtime_env(names) -> dict | None:
-    """The Ray runtime environment that ships the plugins `names`, or None when there is nothing to ship."""
+    """The job-level runtime environment (for `ray.init`) that ships the plugins `names`; None if nothing to ship."""
     modules = py_modules(names)
     return {"py_modules": modules} if modules else None
+
+
+_uploaded: dict[tuple[str, ...], dict] = {}
+
+
+def actor_runtime_env(names) -> dict | None:
+    """The runtime environment for actors started in a Ray the caller initialised: Ray uploads local modules only
+    at the job level, so the plugins are uploaded here (as ray.init would) and named by their package URIs."""
+    modules = tuple(py_modules(names))
+    if not modules:
+        return None
+    if modules not in _uploaded:
+        from ray._private.runtime_env.py_modules import upload_py_modules_if_needed
+
+        scratch = tempfile.mkdtemp(prefix="fedvlp-plugins-")
+        try:
+            _uploaded[modules] = upload_py_modules_if_needed({"py_modules": list(modules)}, include_gitignore=False,
+                                                             scratch_dir=scratch)
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
+    return _uploaded[modules]

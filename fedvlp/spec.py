@@ -93,7 +93,7 @@ def type_name(tp) -> str:
         return "one of " + ", ".join(map(repr, typing.get_args(tp)))
     if isinstance(tp, types.UnionType) or typing.get_origin(tp) is typing.Union:
         return " or ".join(type_name(a) for a in typing.get_args(tp))
-    if typing.get_origin(tp) in (dict,):
+    if typing.get_origin(tp) is dict or tp is dict:
         return "a mapping"
     if typing.get_origin(tp) in (tuple, list):
         return "a list"
@@ -135,7 +135,7 @@ def coerce(value, tp, key: str):
         (item_tp, *_) = typing.get_args(tp) or (Any,)
         if isinstance(value, (list, tuple)):
             return tuple(coerce(v, item_tp, f"{key}[{i}]") for i, v in enumerate(value))
-    elif origin is dict:
+    elif origin is dict or tp is dict:
         key_tp, value_tp = typing.get_args(tp) or (Any, Any)
         if isinstance(value, dict):
             return {coerce(k, key_tp, key): coerce(v, value_tp, f"{key}.{k}") for k, v in value.items()}

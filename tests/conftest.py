@@ -1,7 +1,11 @@
-"""Shared fixtures: offline, the tiny CLIP and tiny ViLT pretrained by fedvlp itself, a small Ray, a sqlite MLflow."""
+"""Shared fixtures: offline, the tiny CLIP and tiny ViLT pretrained by fedvlp itself, one small Ray for the
+session, a sqlite MLflow per test, and the fedvlp CLI in a subprocess with timeouts that always clean up."""
 from __future__ import annotations
 
 import os
+import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -9,43 +13,38 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["TRANSFORMERS_OFFLINE"] = "1"
-# The pretrained tiny backbones are keyed by their recipe, so a cache shared across sessions is never stale.
+# The pretrained tiny backbones are keyed by their recipe and code, so a cache shared across sessions is never stale.
 os.environ.setdefault("FEDVLP_CACHE_DIR", str(REPO / ".fedvlp-cache"))
 os.environ.pop("RAY_ADDRESS", None)
 os.environ.pop("MLFLOW_TRACKING_URI", None)
+os.environ.pop("FEDVLP_PLUGINS", None)
+CLI_TIMEOUT_S = 300  # well below pytest's per-test timeout (pyproject), so a test's own cleanup always runs
 
 
 @pytest.fixture(scope="session")
 def tiny_clip():
-    """The tiny CLIP pretrained by `fedvlp pretrain tiny-clip` (once per machine), with its zero-shot figures."""
-    from safetensors import safe_open
-
+    """The path of the tiny CLIP pretrained by `fedvlp pretrain tiny-clip` (once per machine)."""
     from fedvlp.backbones.pretrain_clip import ensure_tiny_clip
 
-    path = ensure_tiny_clip(progress=False)
-    with safe_open(str(path), "pt") as f:
-        meta = f.metadata()
-    return {"path": path, "zero_shot_map": float(meta["zero_shot_map"]),
-            "zero_shot_map_untrained": float(meta["zero_shot_map_untrained"])}
+    return ensure_tiny_clip(progress=False)
 
 
 @pytest.fixture(scope="session")
 def tiny_vilt():
-    """The tiny ViLT pretrained by `fedvlp pretrain tiny-vilt` (once per machine), with its measured figures."""
-    from fedvlp.backbones.pretrain import read_metadata
+    """The path of the tiny ViLT pretrained by `fedvlp pretrain tiny-vilt` (once per machine)."""
     from fedvlp.backbones.pretrain_vilt import ensure_tiny_vilt
 
-    path = ensure_tiny_vilt(progress=False)
-    meta = read_metadata(path)
-    return {"path": path, **{k: float(v) for k, v in meta.items() if k.startswith(("itm_", "probe_"))}}
+    return ensure_tiny_vilt(progress=False)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def ray_cluster():
-    """A local Ray with explicit small resources; 4 logical GPUs so fractional placement is testable on CPU."""
+    """One local Ray for every in-process engine test, with explicit small resources; 4 logical GPUs so
+    fractional placement is testable on CPU."""
     import ray
 
-    ray.init(address="local", num_cpus=2, num_gpus=4, include_dashboard=False, log_to_driver=False, logging_level="ERROR")
+    ray.init(address="local", num_cpus=2, num_gpus=4, include_dashboard=False, log_to_driver=False,
+             logging_level="ERROR")
     try:
         yield ray
     finally:
@@ -57,12 +56,28 @@ def tracking_uri(tmp_path):
     return f"sqlite:///{tmp_path / 'mlflow.db'}"
 
 
-def small_run(tracking_uri: str, tmp_path, *overrides: str):
-    """A fast run spec on the quickstart config."""
+def small_run(tracking_uri: str, tmp_path, *overrides: str, config: str | None = None):
+    """A fast run spec on the quickstart config (or `config`)."""
     from fedvlp.config import load_spec
 
-    return load_spec(None, [
-        "data.num_train=1000", "data.num_test=512", "federation.clients=4", "federation.rounds=2",
-        "method.local_epochs=4", f"tracking.uri={tracking_uri}", f"output_dir={tmp_path / 'runs'}",
-        *overrides,
+    return load_spec(config, [
+        "data.num_train=800", "data.num_val=256", "data.num_test=256", "data.num_holdout=200",
+        "federation.clients=4", "federation.rounds=2", f"tracking.uri={tracking_uri}",
+        f"output_dir={tmp_path / 'runs'}", *overrides,
     ])
+
+
+def fedvlp_cli(args: list[str], cwd, env: dict | None = None, timeout: float = CLI_TIMEOUT_S,
+               **popen) -> subprocess.CompletedProcess:
+    """`python -m fedvlp ARGS` in its own process group; on timeout the whole group (its local Ray included)
+    is killed before the test fails, so nothing is left running."""
+    proc = subprocess.Popen([sys.executable, "-m", "fedvlp", *args], cwd=cwd, env={**os.environ, **(env or {})},
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            **popen)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        pytest.fail(f"fedvlp {' '.join(args)} did not finish within {timeout} s:\n{err[-3000:]}")
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)

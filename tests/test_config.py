@@ -1,11 +1,30 @@
-"""Config: YAML + --set -> a validated RunSpec; bad input is one line naming the key, before Ray starts."""
-import subprocess
-import sys
-
+"""Config: YAML + --set -> a validated RunSpec; bad input is one line naming the key, before Ray starts.
+Every shipped config and search space loads and validates."""
 import pytest
 
-from fedvlp.config import DEFAULT_CONFIG, load_spec, parse_override
+from conftest import fedvlp_cli
+from fedvlp.config import CONFIGS_DIR, DEFAULT_CONFIG, SPACES_DIR, load_spec, parse_override
 from fedvlp.errors import ConfigError
+
+REAL_DATASETS = ("voc2007", "coco2014", "nuswide", "food101", "mmimdb")
+
+
+@pytest.mark.parametrize("path", sorted(CONFIGS_DIR.glob("*.yaml")), ids=lambda p: p.stem)
+def test_every_shipped_config_loads_and_validates(path, tmp_path):
+    """Configs of datasets on disk get a root here (their readers are tested on real layouts elsewhere)."""
+    overrides = [f"data.root={tmp_path}"] if any(f"_{d}" in path.stem for d in REAL_DATASETS) else []
+    spec = load_spec(path.stem, overrides)  # by its shipped name
+    assert spec.to_dict()["method"]["name"] == spec.method.name
+    assert load_spec(path, overrides).to_dict() == spec.to_dict()  # by its path too
+
+
+@pytest.mark.parametrize("path", sorted(SPACES_DIR.glob("*.yaml")), ids=lambda p: p.stem)
+def test_every_shipped_space_loads_validates_and_selects_on_val(path):
+    from fedvlp.platform.sweep import load_sweep
+
+    sweep = load_sweep(path.stem)
+    assert sweep.swept_keys and sweep.metric.startswith("val_")
+    assert len(sweep.seeds) >= 3 or path.stem == "smoke", f"{path.name}: a study needs at least 3 seeds"
 
 
 def test_quickstart_is_the_default_and_overrides_apply():
@@ -43,7 +62,10 @@ def test_int_is_accepted_for_a_float_but_not_the_reverse():
     ("method.lr=fast", r"method\.lr: expected a number, got 'fast'"),
     ("federation=3", r"federation: expected a mapping"),
     ("method.template=no placeholder", r"method\.template: unknown key"),
-    ("data.name=imagenet", r"data\.name: expected one of 'synthetic-scenes'"),
+    ("data.name=imagenet", r"data\.name: unknown dataset 'imagenet' \(expected one of: coco2014, food101"),
+    ("federation.partition=kmeans", r"federation\.partition: unknown partitioner 'kmeans' \(expected one of: dirichlet"),
+    ("plugins=[no_such_plugin_module]", r"plugins: cannot import 'no_such_plugin_module' \(ModuleNotFoundError"),
+    ("data.options={top_k: 3}", r"data\.options: takes no options"),
     ("noequals", r"--set noequals: expected KEY=VALUE"),
 ])
 def test_bad_values_name_the_key(override, message):
@@ -71,11 +93,26 @@ def test_missing_and_malformed_files(tmp_path):
         load_spec(code)  # safe_load: nothing in a config is evaluated as code
 
 
+def test_override_order_and_a_method_switch_that_drops_earlier_keys(capsys):
+    spec = load_spec(None, ["method.name=fedavg_p", "backbone.name=tiny-vilt", "data.name=synthetic-recipes",
+                            "method.lr=0.2"])
+    assert spec.method.params.lr == 0.2 and capsys.readouterr().err == ""
+    spec = load_spec("fedavg_p_recipes", ["method.prox_mu=1", "method.name=fedprox_p"])
+    assert spec.method.params.prox_mu == 0.01  # the switch dropped it, and says so in one line
+    assert capsys.readouterr().err.strip() == ("fedvlp: warning: --set method.name=fedprox_p switches the method "
+                                               "and drops the earlier method.prox_mu; give --set method.name first")
+    assert load_spec("fedavg_p_recipes", ["method.name=fedprox_p", "method.prox_mu=1"]).method.params.prox_mu == 1
+
+
+def test_shipped_configs_resolve_by_name_and_unknown_names_are_one_line():
+    assert load_spec("fedmpt_scenes").method.name == "fedmpt"
+    with pytest.raises(ConfigError, match=r"^nope: config file not found; expected a YAML file or a shipped config "
+                                          r"name \(centralized_p_recipes, "):
+        load_spec("nope")
+
+
 def test_cli_rejects_bad_input_with_one_line_and_no_ray(tmp_path):
-    proc = subprocess.run(
-        [sys.executable, "-m", "fedvlp", "run", "--set", "federation.heterogeneity=1.5"],
-        capture_output=True, text=True, cwd=tmp_path, timeout=120,
-    )
+    proc = fedvlp_cli(["run", "--set", "federation.heterogeneity=1.5"], cwd=tmp_path)
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines() == ["fedvlp: error: federation.heterogeneity: expected a value <= 1, got 1.5"]
     assert not (tmp_path / "mlflow.db").exists()  # rejected before any tracking or cluster work
@@ -85,6 +122,6 @@ def test_list_keys_names_every_key_with_its_meaning():
     from fedvlp.config import describe_keys
 
     keys = {key: (kind, value, meaning) for key, kind, value, meaning in describe_keys(load_spec(None))}
-    assert keys["method.lr"] == ("a number", 0.002, "Adam learning rate")
+    assert keys["method.lr"] == ("a number", 0.002, "Adam learning rate [tuned: loguniform [0.0003, 0.03]]")
     assert keys["federation.heterogeneity"][1] == 0.5 and keys["resources.num_gpus"][0] == "a number"
     assert all(meaning for _, _, meaning in keys.values())

@@ -1,7 +1,4 @@
 """The data layer wired together: dataset selection, label masks, partitions, missing tables, stats, feature cache."""
-import subprocess
-import sys
-
 import numpy as np
 import pytest
 
@@ -27,12 +24,29 @@ def test_label_mask_hides_annotations_as_unknown_or_negative():
 
 
 def test_prepare_data_masks_train_only_and_partitions_every_sample():
-    spec = load_spec(None, ["data.num_train=500", "data.num_test=200", "data.label_mask=0.5"])
+    spec = load_spec(None, ["data.num_train=500", "data.num_test=200", "data.num_val=100", "data.num_holdout=300",
+                            "data.label_mask=0.5"])
     data = prepare_data(spec)
     assert abs((data.train_labels == -1).mean() - 0.5) < 0.02
-    assert (data.test_labels >= 0).all()  # test labels are never masked
+    assert (data.test_labels >= 0).all() and (data.dataset.val.labels >= 0).all()  # only train labels are masked
     assert sorted(np.concatenate(data.parts).tolist()) == list(range(500))
-    assert data.train_missing is None
+    assert sorted(np.concatenate(data.local_tests).tolist()) == list(range(300))
+    assert data.train_missing is None and len(data.dataset.val) == 100
+
+
+def test_a_clients_local_test_set_follows_its_own_label_distribution():
+    """One partition rule over train + held-out pool: at t = 1 each client's local test labels look like its
+    training labels and unlike the other clients'."""
+    from fedvlp.data.partition import label_distribution_js
+
+    data = prepare_data(load_spec(None, ["data.num_train=1000", "data.num_holdout=1000", "federation.clients=4",
+                                         "federation.heterogeneity=1.0"]))
+    train, holdout = data.dataset.train.labels, data.dataset.holdout.labels
+    own = [label_distribution_js(np.concatenate([train, holdout]), [p, len(train) + t])
+           for p, t in zip(data.parts, data.local_tests)]
+    other = [label_distribution_js(np.concatenate([train, holdout]), [data.parts[0], len(train) + t])
+             for t in data.local_tests[1:]]
+    assert max(own) < min(other) / 2 and min(other) > 0.5, (own, other)
 
 
 def test_single_label_recipes_use_dirichlet_and_get_missing_tables():
@@ -40,9 +54,12 @@ def test_single_label_recipes_use_dirichlet_and_get_missing_tables():
                             "data.missing_rate=0.7", "data.missing_type=both"])
     data = prepare_data(spec)
     assert not data.dataset.multilabel and data.dataset.train.texts is not None
-    assert (data.train_missing > 0).sum() == int(600 * 0.7)
+    # one table over the training set and the held-out pool: exactly 70 % of them miss a modality
+    assert (data.train_missing > 0).sum() + (data.holdout_missing > 0).sum() == int((600 + 500) * 0.7)
     assert set(data.eval_missing) == {"train_setting", "full", "miss_image", "miss_text", "miss_both",
                                       "image_only", "text_only"}
+    assert (data.val_missing > 0).sum() == int(len(data.dataset.val) * 0.7)  # val under the training setting
+    assert len(data.holdout_missing) == len(data.dataset.holdout)
     skewed = prepare_data(load_spec(None, ["data.name=synthetic-recipes", "data.num_train=600",
                                            "federation.dirichlet_alpha=0.05"]))
     from fedvlp.data.partition import label_distribution_js
@@ -57,25 +74,26 @@ def test_single_label_recipes_use_dirichlet_and_get_missing_tables():
     (["data.missing_rate=0.5"], r"data\.missing_rate: synthetic-scenes has no text modality"),
     (["data.name=synthetic-recipes", "data.label_mask=0.2"], r"data\.label_mask: partial labels need multi-label"),
     (["federation.partition=dirichlet"], r"federation\.partition: dirichlet needs single-label data"),
-    (["federation.clients=5000"], r"federation\.clients: 5000 clients but only 2000"),
+    (["federation.clients=5000"], r"federation\.clients: 5000 clients but only 2500"),
 ])
 def test_bad_data_settings_name_the_key(overrides, message):
     with pytest.raises(ConfigError, match=message):
         prepare_data(load_spec(None, overrides))
 
 
-def test_stats_command_prints_js_rising_with_t_and_plots(tmp_path):
+def test_stats_command_prints_js_rising_with_t_and_plots(tmp_path, capsys):
+    from fedvlp.cli import main
+
     figures = []
     for t in (0, 0.25, 0.5, 0.75, 1):
-        out = subprocess.run([sys.executable, "-m", "fedvlp", "data", "stats", "--set", f"federation.heterogeneity={t}"],
-                             capture_output=True, text=True, check=True, cwd=tmp_path).stdout
-        assert out.splitlines()[1].split()[:3] == ["client", "samples", "classes"]
-        assert len([l for l in out.splitlines() if l.strip().split(" ")[0].isdigit()]) == 10
+        assert main(["data", "stats", "--set", f"federation.heterogeneity={t}"]) == 0
+        out = capsys.readouterr().out
+        assert out.splitlines()[1].split()[:4] == ["client", "samples", "local", "test"]
+        assert len([line for line in out.splitlines() if line.strip().split(" ")[0].isdigit()]) == 10
         figures.append(float(out.strip().splitlines()[-1].rsplit("=", 1)[1]))
     assert figures == sorted(figures) and figures[-1] - figures[0] > 0.4
     plot = tmp_path / "counts.png"
-    subprocess.run([sys.executable, "-m", "fedvlp", "data", "stats", "--plot", str(plot)], check=True,
-                   capture_output=True, cwd=tmp_path)
+    assert main(["data", "stats", "--plot", str(plot)]) == 0
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 

@@ -1,15 +1,19 @@
 """The federated engine end to end: real Ray actors, a real MLflow store, real training."""
 import json
 
+import numpy as np
 import pytest
 import torch
 from mlflow import MlflowClient
 
 from conftest import small_run
+from fedvlp.config import CONFIGS_DIR
 from fedvlp.errors import ResourceError, RoundFailedError
+from fedvlp.methods import METHODS
+from fedvlp.platform.aggregation import state_nbytes
 from fedvlp.platform.engine import run_federated
 
-pytestmark = pytest.mark.usefixtures("tiny_clip")
+SPLITS = ("val", "test")
 
 
 def _only_run(uri):
@@ -19,39 +23,128 @@ def _only_run(uri):
     return client, runs[0]
 
 
+def _steps(client, run_id, metric):
+    return [m.step for m in client.get_metric_history(run_id, metric)]
+
+
+@pytest.mark.usefixtures("tiny_clip")
 def test_promptfl_learns_and_mlflow_holds_the_run(ray_cluster, tracking_uri, tmp_path):
-    spec = small_run(tracking_uri, tmp_path)
+    spec = small_run(tracking_uri, tmp_path, "federation.eval_every=2", "federation.rounds=3",
+                     "tracking.run_name=my run")
     result = run_federated(spec, progress=False)
-    # trained prompts beat their zero-shot starting point (round 0 = "a photo of a {class}.")
-    assert result.final["mAP"] > result.initial["mAP"] + 0.02
-    assert [h["round"] for h in result.history] == [1, 2]
+    # trained prompts beat their zero-shot starting point (round 0 = "a photo of a {class}.") on val and test
+    for split in SPLITS:
+        assert result.final[f"{split}_mAP"] > result.initial[f"{split}_mAP"] + 0.01
+    assert [h["round"] for h in result.history] == [1, 2, 3]
     client, run = _only_run(tracking_uri)
-    assert run.info.status == "FINISHED" and run.info.run_id == result.run_id
+    assert run.info.status == "FINISHED" and run.info.run_id == result.run_id and run.info.run_name == "my run"
     assert run.data.tags["method"] == "promptfl" and run.data.tags["dataset"] == "synthetic-scenes"
     assert run.data.params["federation.clients"] == "4" and run.data.params["method.lr"] == "0.002"
-    for metric in ("test_mAP", "test_CF1", "test_OF1"):
-        assert [m.step for m in client.get_metric_history(run.info.run_id, metric)] == [0, 1, 2]
+    for metric in ("val_mAP", "test_mAP", "test_CF1", "val_hallucination_gap", "personal_mAP", "personal_mAP_std"):
+        assert _steps(client, run.info.run_id, metric) == [0, 2, 3]  # eval_every=2, and after the last round
     for metric in ("train_loss", "round_seconds", "bytes_up", "bytes_down"):
-        assert [m.step for m in client.get_metric_history(run.info.run_id, metric)] == [1, 2]
+        assert _steps(client, run.info.run_id, metric) == [1, 2, 3]
+    for phase in ("data", "backbone", "mlflow", "ray", "actors", "features"):
+        assert _steps(client, run.info.run_id, f"startup_{phase}_seconds") == [0]
     # 4 clients each send/receive ctx (4x128) + scale + bias in float32 every round
     assert run.data.metrics["bytes_up"] == run.data.metrics["bytes_down"] == 4 * (4 * 128 + 2) * 4
     artifacts = {a.path for a in client.list_artifacts(run.info.run_id)}
     assert {"config.yaml", "final_metrics.json"} <= artifacts
     final = json.loads(open(client.download_artifacts(run.info.run_id, "final_metrics.json", str(tmp_path))).read())
-    assert final["final"]["mAP"] == pytest.approx(result.final["mAP"])
+    assert final["final"]["test_mAP"] == result.final["test_mAP"]
     checkpoint = torch.load(run.data.tags["checkpoint"], weights_only=True)
-    assert checkpoint["round"] == 2 and torch.equal(checkpoint["global"]["ctx"], result.final_state["ctx"])
+    assert checkpoint["round"] == 3 and torch.equal(checkpoint["global"]["ctx"], result.final_state["ctx"])
 
 
+def _shipped_config(method: str) -> str:
+    """Every registered method ships a config on a synthetic world (PromptFL's is the quickstart)."""
+    names = ["quickstart"] if method == "promptfl" else [f"{method}_scenes", f"{method}_recipes"]
+    found = [n for n in names if (CONFIGS_DIR / f"{n}.yaml").exists()]
+    assert found, f"method {method} has no shipped config on a synthetic world ({' or '.join(names)})"
+    return found[0]
+
+
+@pytest.mark.parametrize("method", METHODS.names())
+def test_every_registered_method_runs_a_round_through_the_engine(method, ray_cluster, tracking_uri, tmp_path,
+                                                                 request):
+    cls = METHODS[method]
+    request.getfixturevalue("tiny_vilt" if cls.backbone_kind == "vilt" else "tiny_clip")
+    epochs = ["method.local_epochs=1"] if "local_epochs" in cls.Params.__dataclass_fields__ else []
+    spec = small_run(tracking_uri, tmp_path, "data.num_train=240", "data.num_val=128", "data.num_test=128",
+                     "data.num_holdout=64", "federation.clients=2", "federation.rounds=1", "resources.workers=1",
+                     *epochs, config=_shipped_config(method))
+    result = run_federated(spec, progress=False)
+    client, run = _only_run(tracking_uri)
+    assert run.info.status == "FINISHED" and run.data.tags["method"] == method
+    headline = "mAP" if run.data.tags["dataset"] == "synthetic-scenes" else "accuracy"
+    for split in SPLITS:
+        assert _steps(client, run.info.run_id, f"{split}_{headline}") == [0, 1]
+    assert _steps(client, run.info.run_id, f"personal_{headline}") == [0, 1]
+    start = torch.load(run.data.tags["checkpoint"], weights_only=True)
+    global_bytes = state_nbytes(result.final_state)
+    assert run.data.metrics["bytes_up"] == 2 * global_bytes and start["round"] == 1
+    if method == "zeroshot":
+        assert result.final == result.initial  # nothing to train
+    else:
+        from fedvlp.backbones import load_backbone
+        from fedvlp.data import load_dataset
+        from fedvlp.methods.base import Task
+        from fedvlp.platform.worker import build_method
+
+        dataset = load_dataset(spec)
+        initial = build_method(spec, load_backbone(spec), Task(dataset.class_names, dataset.multilabel)).global_state()
+        assert any(not torch.equal(initial[k], result.final_state[k]) for k in initial)  # the round trained
+
+
+@pytest.mark.usefixtures("tiny_clip")
+def test_a_client_gets_exactly_its_own_local_state_back(ray_cluster, tracking_uri, tmp_path):
+    """The coordinator keeps each client's local state and hands it back to that client only, in later rounds it
+    joins (clients skip rounds at participation 0.5); personal metrics use it, the global ones do not."""
+    from fedvlp.data import prepare_data
+    from fedvlp.platform.metrics import multilabel_metrics
+    from fedvlp.platform.sampling import sample_cohort
+
+    spec = small_run(tracking_uri, tmp_path, "plugins=[fedvlp_test_plugin]", "method.name=ownerecho",
+                     "federation.rounds=4", "federation.participation=0.5", "resources.client_state_memory_mb=0")
+    result = run_federated(spec, progress=False)
+    assert [h["train_wrong_state"] for h in result.history] == [0.0] * 4  # nobody got another client's state
+    checkpoint = torch.load(tmp_path / "runs" / result.run_id / "checkpoint.pt", weights_only=True)
+    from fedvlp.platform.client_states import ClientStateStore
+
+    store = ClientStateStore(tmp_path / "runs" / result.run_id / "client_states", 0, checkpoint["clients"])
+    joined = {c: sum(c in sample_cohort(0, r, 4, 0.5) for r in range(1, 5)) for c in range(4)}
+    assert {c: int(store.get(c)["count"]) for c in range(4) if joined[c]} == {c: n for c, n in joined.items() if n}
+    # personal metrics by hand: each client's logits come from its own centroids (and the global bias) on the
+    # frozen features of its local test set, as cached (float16)
+    from fedvlp.backbones import load_backbone
+    from fedvlp_test_plugin import SCALE
+
+    data = prepare_data(spec)
+    holdout = data.dataset.holdout
+    features = load_backbone(spec).encode_images(holdout.images.load(range(len(holdout)), 32)).numpy()
+    features = torch.from_numpy(features.astype(np.float16).astype(np.float32))
+    per_client = []
+    for c in range(4):
+        rows = data.local_tests[c]
+        logits = SCALE * features[rows] @ store.get(c)["centroids"].T + result.final_state["bias"]
+        per_client.append(multilabel_metrics(logits.numpy(), holdout.labels[rows])["mAP"])
+    assert result.final["personal_mAP"] == pytest.approx(np.mean(per_client), abs=1e-9)
+    # the global model (zero centroids) scores every class alike: its mAP is the positive rate
+    assert result.final["personal_mAP"] > result.final["test_mAP"] + 0.2
+
+
+@pytest.mark.usefixtures("tiny_clip")
 def test_zeroshot_is_the_untrained_starting_point_of_promptfl(ray_cluster, tracking_uri, tmp_path):
     zeroshot = run_federated(small_run(tracking_uri, tmp_path, "method.name=zeroshot", "federation.rounds=1"),
                              progress=False)
     promptfl_start = run_federated(small_run(tracking_uri, tmp_path, "federation.rounds=1",
                                              "method.local_epochs=1"), progress=False).initial
     assert zeroshot.final == zeroshot.initial  # nothing is trained
-    assert zeroshot.final["mAP"] == pytest.approx(promptfl_start["mAP"], abs=1e-6)
+    for split in SPLITS:
+        assert zeroshot.final[f"{split}_mAP"] == pytest.approx(promptfl_start[f"{split}_mAP"], abs=1e-6)
 
 
+@pytest.mark.usefixtures("tiny_clip")
 def test_same_seed_same_metrics_with_one_or_two_workers(ray_cluster, tracking_uri, tmp_path):
     one = run_federated(small_run(tracking_uri, tmp_path, "resources.workers=1", "federation.participation=0.5"),
                         progress=False)
@@ -62,10 +155,11 @@ def test_same_seed_same_metrics_with_one_or_two_workers(ray_cluster, tracking_ur
     assert [h["train_loss"] for h in one.history] == [h["train_loss"] for h in two.history]
 
 
+@pytest.mark.usefixtures("tiny_clip")
 def test_eight_workers_share_four_gpus_and_run_concurrently(ray_cluster, tracking_uri, tmp_path):
     spec = small_run(tracking_uri, tmp_path, "resources.workers=8", "resources.num_gpus=0.5",
                      "resources.num_cpus=0.1", "resources.coordinator_cpus=0.1", "federation.clients=8",
-                     "federation.rounds=1", "data.num_train=400")
+                     "federation.rounds=1", "data.num_train=400", "data.num_holdout=0")
     result = run_federated(spec, progress=False)
     assert len(result.workers) == 8
     gpu_use = {}
@@ -79,44 +173,67 @@ def test_eight_workers_share_four_gpus_and_run_concurrently(ray_cluster, trackin
     assert overlapping >= 4, intervals  # the 8 workers' local updates ran at the same time
 
 
-def test_unplaceable_request_fails_clearly_and_marks_the_run_failed(ray_cluster, tracking_uri, tmp_path):
-    spec = small_run(tracking_uri, tmp_path, "resources.workers=8", "resources.num_gpus=1", "resources.num_cpus=0.1",
-                     "resources.placement_timeout_s=20")
+@pytest.mark.usefixtures("tiny_clip")
+def test_a_request_larger_than_the_cluster_fails_at_once(ray_cluster, tracking_uri, tmp_path):
+    spec = small_run(tracking_uri, tmp_path, "resources.workers=8", "resources.num_gpus=1", "resources.num_cpus=0.1")
     with pytest.raises(ResourceError, match=r"resources: the run needs 8 GPU .* cluster has 4"):
         run_federated(spec, progress=False)
     assert _only_run(tracking_uri)[1].info.status == "FAILED"
 
 
+@pytest.mark.usefixtures("tiny_clip")
+def test_actors_that_cannot_be_placed_in_time_fail_after_placement_timeout(ray_cluster, tracking_uri, tmp_path):
+    """The cluster has the GPUs, but another job holds them: the run waits placement_timeout_s, then fails."""
+    from ray.util.placement_group import placement_group, remove_placement_group
+
+    blocker = placement_group([{"GPU": 4}])
+    ray_cluster.get(blocker.ready(), timeout=30)
+    try:
+        spec = small_run(tracking_uri, tmp_path, "resources.num_gpus=1", "resources.placement_timeout_s=2")
+        with pytest.raises(ResourceError, match=r"resources: could not place 3 bundles .* within 2 s"):
+            run_federated(spec, progress=False)
+    finally:
+        remove_placement_group(blocker)
+    assert _only_run(tracking_uri)[1].info.status == "FAILED"
+
+
+@pytest.mark.usefixtures("tiny_clip")
 def test_a_round_that_hangs_times_out_loudly(ray_cluster, tracking_uri, tmp_path):
     spec = small_run(tracking_uri, tmp_path, "resources.round_timeout_s=0.2", "method.local_epochs=200")
-    with pytest.raises(RoundFailedError, match=r"round 1: 0 of 4 client updates arrived .*no update within resources\.round_timeout_s=0\.2 s"):
+    with pytest.raises(RoundFailedError, match=r"round 1: 0 of 4 client updates arrived .*no update within "
+                                               r"resources\.round_timeout_s=0\.2 s"):
         run_federated(spec, progress=False)
     assert _only_run(tracking_uri)[1].info.status == "FAILED"
 
 
+@pytest.mark.usefixtures("tiny_clip")
 def test_second_run_hits_the_feature_cache_with_identical_results(ray_cluster, tracking_uri, tmp_path, monkeypatch):
     monkeypatch.setenv("FEDVLP_FEATURE_CACHE", str(tmp_path / "features"))
     spec = small_run(tracking_uri, tmp_path, "federation.rounds=1")
+    sets = ("train", "holdout", "val", "test")
     cold = run_federated(spec, progress=False)
     warm = run_federated(spec, progress=False)
-    assert cold.feature_cache == {"feature_cache.train": "miss", "feature_cache.test": "miss"}
-    assert warm.feature_cache == {"feature_cache.train": "hit", "feature_cache.test": "hit"}
-    assert len(list((tmp_path / "features").glob("*.npy"))) == 2
+    assert cold.feature_cache == {f"feature_cache.{s}": "miss" for s in sets}
+    assert warm.feature_cache == {f"feature_cache.{s}": "hit" for s in sets}
+    assert len(list((tmp_path / "features").glob("*.npy"))) == 4
     assert warm.final == cold.final
     off = run_federated(small_run(tracking_uri, tmp_path, "federation.rounds=1", "data.feature_cache=false"),
                         progress=False)
-    assert off.feature_cache == {"feature_cache.train": "off", "feature_cache.test": "off"}
+    assert off.feature_cache == {f"feature_cache.{s}": "off" for s in sets}
     assert off.final == cold.final
 
 
-def test_a_real_layout_dataset_runs_from_disk(ray_cluster, tracking_uri, tmp_path):
-    """data.name + data.root select a reader; images are loaded lazily by the workers, resized to the backbone."""
+@pytest.mark.usefixtures("tiny_clip")
+def test_a_real_layout_dataset_runs_from_disk_with_val_split_off_its_training_data(ray_cluster, tracking_uri,
+                                                                                   tmp_path):
+    """data.name + data.root select a reader; val and the held-out pool are split off trainval by the seed;
+    images are loaded lazily by the workers, resized to the backbone."""
     from test_readers import voc_xml, write_image, write_text
 
     voc = tmp_path / "voc" / "VOCdevkit" / "VOC2007"
     classes = ["dog", "cat", "car", "person"]
-    rng = __import__("numpy").random.default_rng(0)
-    for split, count in (("trainval", 40), ("test", 20)):
+    rng = np.random.default_rng(0)
+    for split, count in (("trainval", 60), ("test", 20)):
         ids = [f"{split[:2]}{i:04d}" for i in range(count)]
         write_text(voc / "ImageSets" / "Main" / f"{split}.txt", "".join(f"{i}\n" for i in ids))
         for image_id in ids:
@@ -127,22 +244,25 @@ def test_a_real_layout_dataset_runs_from_disk(ray_cluster, tracking_uri, tmp_pat
     spec = small_run(tracking_uri, tmp_path, "data.name=voc2007", f"data.root={tmp_path / 'voc'}",
                      "federation.rounds=1", "method.batch_size=8")
     result = run_federated(spec, progress=False)
-    assert 0 <= result.final["mAP"] <= 1 and result.history[0]["clients"] == 4
+    assert result.history[0]["clients"] == 4 and "val_mAP" in result.final and "personal_mAP" in result.final
     _, run = _only_run(tracking_uri)
     assert run.data.tags["dataset"] == "voc2007" and run.info.status == "FINISHED"
+    from fedvlp.data import load_dataset
+
+    dataset = load_dataset(spec)
+    assert (len(dataset.train), len(dataset.val), len(dataset.holdout), len(dataset.test)) == (49, 6, 5, 20)
+    paths = [set(s.images.paths) for s in (dataset.train, dataset.val, dataset.holdout)]
+    assert not (paths[0] & paths[1]) and not (paths[0] & paths[2]) and not (paths[1] & paths[2])
 
 
-def test_fedmpt_runs_federated_on_cached_token_features(ray_cluster, tracking_uri, tmp_path, monkeypatch):
+@pytest.mark.usefixtures("tiny_clip")
+def test_fedmpt_reads_cached_token_features(ray_cluster, tracking_uri, tmp_path, monkeypatch):
     monkeypatch.setenv("FEDVLP_FEATURE_CACHE", str(tmp_path / "features"))
-    from fedvlp.config import load_spec
-
-    spec = load_spec("configs/fedmpt_scenes.yaml", [
-        "data.num_train=600", "data.num_test=256", "federation.clients=4", "federation.rounds=2",
-        "method.local_epochs=2", f"tracking.uri={tracking_uri}", f"output_dir={tmp_path / 'runs'}"])
-    result = run_federated(spec, progress=False)
-    assert result.final["mAP"] > result.initial["mAP"]
+    spec = small_run(tracking_uri, tmp_path, "method.local_epochs=2", "federation.rounds=1", "data.num_train=400",
+                     config="fedmpt_scenes")
+    run_federated(spec, progress=False)
     cached = list((tmp_path / "features").glob("*.npy"))
-    assert len(cached) == 2 and all(__import__("numpy").load(p, mmap_mode="r").shape[1:] == (17, 128) for p in cached)
+    assert len(cached) == 4 and all(np.load(p, mmap_mode="r").shape[1:] == (17, 128) for p in cached)
     client, run = _only_run(tracking_uri)
     trainable = client.get_metric_history(run.info.run_id, "trainable_params")[0].value
     assert run.data.metrics["bytes_up"] == 4 * trainable * 4  # every trainable float goes up, per client

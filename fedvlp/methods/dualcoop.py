@@ -28,7 +28,7 @@ from typing import Literal
 
 import torch
 
-from fedvlp.spec import spec_field
+from fedvlp.spec import int_range, log_range, spec_field
 from fedvlp.methods.base import ClientData, Method
 from fedvlp.methods.numerics import region_aggregate
 from fedvlp.methods.prompts import PromptTemplate
@@ -46,9 +46,10 @@ class DualCoOpParams:
     output_scale: float | None = spec_field(
         None, "each side's logit = output_scale * sum_m w_m S_m; null: the backbone's logit scale / region_scale "
         "(reference 5 = 100 / 20 for OpenAI CLIP)", gt=0)
-    lr: float = spec_field(1e-2, "SGD learning rate, momentum 0.9 (reference 0.002 over 50 epochs; tuned for few local steps)", gt=0)
+    lr: float = spec_field(0.2, "SGD learning rate, momentum 0.9 (reference 0.002 over 50 epochs, on a loss summed over "
+                                   "classes; here the loss is a mean over known labels)", gt=0, tune=log_range(1e-2, 3.0))
     batch_size: int = spec_field(32, "local batch size", ge=1)
-    local_epochs: int = spec_field(5, "local epochs per round", ge=1)
+    local_epochs: int = spec_field(5, "local epochs per round", ge=1, tune=int_range(1, 8))
     gamma_neg: float = spec_field(2.0, "asymmetric loss: focusing of the negatives", ge=0)
     gamma_pos: float = spec_field(1.0, "asymmetric loss: focusing of the positives", ge=0)
     asl_clip: float = spec_field(0.05, "asymmetric loss: probability margin of the negatives", ge=0, lt=1)

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from fedvlp.spec import spec_field
+from fedvlp.spec import int_range, log_range, spec_field
 from fedvlp.data.missing import FULL, MISSING_IMAGE, MISSING_TEXT
 from fedvlp.methods.base import ClientData, Method, TokenInputs
 from fedvlp.methods.fedprime import token_inputs, trainable_pooler, vilt_classifier
@@ -33,14 +33,14 @@ class FedAvgPParams:
     prompt_length: int = spec_field(16, "prompt tokens per prompted layer (reference: 16)", ge=3)
     prompt_layers: int = spec_field(6, "prompted layers, from the first (reference: 6; capped at the depth)", ge=1)
     prox_mu: float = spec_field(0.0, "FedProx proximal weight mu (0: FedAvg-P)", ge=0)
-    lr: float = spec_field(0.05, "SGD learning rate", gt=0)
+    lr: float = spec_field(0.05, "SGD learning rate", gt=0, tune=log_range(3e-3, 0.5))
     batch_size: int = spec_field(64, "local batch size", ge=1)
-    local_epochs: int = spec_field(1, "local epochs per round", ge=1)
+    local_epochs: int = spec_field(1, "local epochs per round", ge=1, tune=int_range(1, 5))
 
 
 @dataclass(frozen=True)
 class FedProxPParams(FedAvgPParams):
-    prox_mu: float = spec_field(0.01, "FedProx proximal weight mu", gt=0)
+    prox_mu: float = spec_field(0.01, "FedProx proximal weight mu", gt=0, tune=log_range(1e-3, 1.0))
 
 
 @register

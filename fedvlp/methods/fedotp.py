@@ -28,7 +28,7 @@ from typing import Literal
 
 import torch
 
-from fedvlp.spec import spec_field
+from fedvlp.spec import int_range, log_range, spec_field
 from fedvlp.methods.base import LOCAL, ClientData, Method
 from fedvlp.methods.numerics import sinkhorn
 from fedvlp.methods.prompts import PromptTemplate
@@ -46,9 +46,10 @@ class FedOTPParams:
     ot_max_iter: int = spec_field(100, "Sinkhorn iterations at most (reference 100)", ge=1)
     ot_tol: float = spec_field(1e-6, "Sinkhorn stops once the L1 row-marginal error is below this", gt=0)
     init_bias: float = spec_field(-2.0, "starting bias of the multi-label logits (learned, averaged like the global prompt)")
-    lr: float = spec_field(1e-2, "SGD learning rate, momentum 0.9 (reference 0.001; tuned for few local steps)", gt=0)
+    lr: float = spec_field(0.2, "SGD learning rate, momentum 0.9 (reference 0.001, on a loss summed over classes; here "
+                                   "the loss is a mean over known labels)", gt=0, tune=log_range(1e-2, 3.0))
     batch_size: int = spec_field(32, "local batch size (reference 32)", ge=1)
-    local_epochs: int = spec_field(5, "local epochs per round (reference 1)", ge=1)
+    local_epochs: int = spec_field(5, "local epochs per round (reference 1)", ge=1, tune=int_range(1, 8))
     gamma_neg: float = spec_field(2.0, "asymmetric loss: focusing of the negatives", ge=0)
     gamma_pos: float = spec_field(1.0, "asymmetric loss: focusing of the positives", ge=0)
     asl_clip: float = spec_field(0.05, "asymmetric loss: probability margin of the negatives", ge=0, lt=1)

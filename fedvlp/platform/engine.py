@@ -119,19 +119,20 @@ def run_federated(spec, *, progress: bool = True, on_round=None, tags: dict | No
     coordinator = pool = None
     try:
         # 2. Place the coordinator and the worker pool; give the workers their clients' data.
-        from fedvlp.plugins import runtime_env
+        from fedvlp.plugins import actor_runtime_env
 
         started_ray = ensure_ray(spec.plugins)
         placement, bundle_offset = _reserve(spec)
         tic = phase("ray", tic)
+        plugin_env = actor_runtime_env(spec.plugins)
         coordinator = Coordinator.options(
             num_cpus=spec.resources.coordinator_cpus, name=f"fedvlp-{tracker.run_id}-coordinator",
-            runtime_env=runtime_env(spec.plugins),
+            runtime_env=plugin_env,
             scheduling_strategy=PlacementGroupSchedulingStrategy(placement, placement_group_bundle_index=bundle_offset),
         ).remote(spec.seed, spec.federation.clients, spec.federation.participation, initial_state, rules,
                  rule_options, (str(run_dir / "client_states"), int(spec.resources.client_state_memory_mb * 2**20)),
                  resume, tuple(spec.plugins))
-        pool = WorkerPool(spec, task, placement, bundle_offset, name=f"fedvlp-{tracker.run_id}")
+        pool = WorkerPool(spec, task, placement, bundle_offset, name=f"fedvlp-{tracker.run_id}", runtime_env=plugin_env)
         worker_info = pool.ready()
         tic = phase("actors", tic)
         cache_status = _attach_data(spec, data, pool, worker_info[0], say)
@@ -335,8 +336,9 @@ def load_checkpoint(path: str | Path) -> dict:
 def ensure_ray(plugins=()) -> bool:
     """Connect to the cluster in RAY_ADDRESS, or start a private local one (no dashboard); True if started here.
 
-    The job's runtime environment ships the `plugins` that are not installed on the nodes (Tune trials
-    import them too)."""
+    The job's runtime environment ships the `plugins` that are not installed on the nodes, to every actor
+    and Tune trial of the job; in a Ray the caller initialised, `run_federated` ships them to its own actors
+    (`fedvlp.plugins.actor_runtime_env`)."""
     from fedvlp.plugins import runtime_env
 
     if ray.is_initialized():

@@ -28,8 +28,9 @@ def wait_all(refs, what: str, timeout: float, knob: str = "resources.round_timeo
 
 
 class WorkerPool:
-    def __init__(self, spec, task, placement, bundle_offset: int, name: str):
+    def __init__(self, spec, task, placement, bundle_offset: int, name: str, runtime_env: dict | None = None):
         self.spec, self.task, self.placement, self.bundle_offset, self.name = spec, task, placement, bundle_offset, name
+        self.runtime_env = runtime_env  # ships the spec's plugins (fedvlp.plugins.actor_runtime_env)
         self.replacements = 0  # over the whole run
         self._data: list[tuple] = []  # per worker: the arguments of its `attach`
         self.home: dict[int, int] = {}
@@ -38,12 +39,10 @@ class WorkerPool:
 
     def _start(self, index: int):
         """Worker `index` in its own bundle; named (`ray list actors`) so drills and tests can reach it."""
-        from fedvlp.plugins import runtime_env
-
         generation = f"-{self.replacements}" if self.replacements else ""  # a dead actor's name may linger
         return ClientWorker.options(
             num_cpus=self.spec.resources.num_cpus, num_gpus=self.spec.resources.num_gpus,
-            name=f"{self.name}-worker-{index}{generation}", runtime_env=runtime_env(self.spec.plugins),
+            name=f"{self.name}-worker-{index}{generation}", runtime_env=self.runtime_env,
             scheduling_strategy=PlacementGroupSchedulingStrategy(
                 self.placement, placement_group_bundle_index=self.bundle_offset + 1 + index),
         ).remote(self.spec, index, self.task)

@@ -1,14 +1,23 @@
-"""`fedvlp report`: one sweep's MLflow experiment -> comparison tables and plots (DESIGN §6).
+"""`fedvlp report`: one sweep's MLflow experiment -> comparison tables and plots.
 
-The flow is collect (MLflow -> plain rows, one per trial) -> summarise / by_method / curves
-(pure numpy on rows) -> write CSV, Markdown and PNG -> log them on the sweep's parent run.
-Only FINISHED trials that were not stopped early count: a trial cut short by ASHA or a failed
-one would compare a method at fewer rounds than the others. Std is over seeds, ddof=1.
+The flow is collect (MLflow -> plain rows, one per trial) -> summarise / by_method / paired differences /
+curves (pure numpy on rows) -> write CSV, Markdown and PNG -> log them on the sweep's parent run, with
+the summary as the parent run's own metrics. Only FINISHED trials that were not stopped early count: a
+trial cut short by ASHA or a failed one would compare a method at fewer rounds than the others.
+
+Statistics, over seeds: the mean with a 95 % confidence interval from Student's t (n - 1 degrees of
+freedom; half-width t_{0.975, n-1} * s / sqrt(n)); and, for every method, the paired difference
+against the reference method (the space file's `reference`) over the seeds both ran, with its own
+95 % interval. A difference whose interval contains 0 is marked "n.s." (not significant) in the
+tables and drawn hollow in the plots. With one seed no interval can be measured ("n/a").
+The selection metric (val_*) is reported beside its test counterpart: val is what the sweep selected
+on, test is the score.
 """
 from __future__ import annotations
 
 import csv
 import math
+import time
 from collections import defaultdict
 from pathlib import Path
 
@@ -22,9 +31,7 @@ KEY_LABELS = {"federation.heterogeneity": "heterogeneity t", "federation.partici
               "data.label_mask": "label mask m", "data.missing_rate": "missing rate η",
               "data.missing_type": "missing modality", "federation.clients": "clients N",
               "federation.rounds": "rounds R"}
-METRIC_LABELS = {"test_mAP": "test mAP", "test_CF1": "test CF1", "test_OF1": "test OF1",
-                 "test_accuracy": "test accuracy", "test_macro_f1": "test macro-F1"}
-Row = dict  # one trial: run_id, status, method, seed, swept{key: value}, stopped_early, final, history, costs
+Row = dict  # one trial: run_id, status, method, seed, swept{key: value}, stopped_early, final{metric}, history, costs
 
 
 def key_label(key: str) -> str:
@@ -32,8 +39,15 @@ def key_label(key: str) -> str:
 
 
 def metric_label(metric: str, unit: bool = False) -> str:
-    # Every fedvlp test metric is a fraction in [0, 1], not a percentage.
-    return METRIC_LABELS.get(metric, metric.replace("_", " ")) + (" (0–1)" if unit else "")
+    # Every fedvlp score is a fraction in [0, 1], not a percentage.
+    split, _, name = metric.partition("_")
+    text = f"{split} {name.replace('_', ' ')}" if split in ("val", "test", "personal") else metric.replace("_", " ")
+    return text + (" (0–1)" if unit else "")
+
+
+def test_metric_of(metric: str) -> str:
+    """The test counterpart of a selection metric (val_mAP -> test_mAP)."""
+    return "test_" + metric[len("val_"):] if metric.startswith("val_") else metric
 
 
 def _value(text: str | None) -> float | str | None:
@@ -59,9 +73,25 @@ def _show(value) -> str:
     return f"{value:g}" if isinstance(value, float) else str(value)
 
 
-def _std(xs) -> float:
-    """Sample std over seeds; nan with one seed (a spread cannot be measured from one run)."""
-    return float(np.std(xs, ddof=1)) if len(xs) > 1 else math.nan
+def interval(values) -> tuple[float, float, int]:
+    """(mean, half-width of the 95 % Student-t interval, n); the half-width is nan for fewer than 2 values."""
+    from scipy import stats
+
+    xs = np.asarray([v for v in values if not math.isnan(v)], dtype=np.float64)
+    n = len(xs)
+    if n == 0:
+        return math.nan, math.nan, 0
+    if n < 2:
+        return float(xs.mean()), math.nan, 1
+    half = float(stats.t.ppf(0.975, n - 1) * xs.std(ddof=1) / math.sqrt(n))
+    return float(xs.mean()), half, n
+
+
+def significant(mean: float, half: float) -> bool | None:
+    """True when the 95 % interval excludes 0; None when it cannot be measured."""
+    if math.isnan(half):
+        return None
+    return abs(mean) > half
 
 
 def find_sweep(client, experiment: str, tracking_uri: str):
@@ -82,7 +112,7 @@ def _history(client, run_id: str, key: str) -> dict[int, float]:
     return {m.step: m.value for m in sorted(client.get_metric_history(run_id, key), key=lambda m: m.timestamp)}
 
 
-def collect(client, experiment_id: str, parent_id: str, metric: str, swept_keys: list[str]) -> list[Row]:
+def collect(client, experiment_id: str, parent_id: str, metrics: list[str], swept_keys: list[str]) -> list[Row]:
     """One plain row per trial of the parent run; histories are fetched only for trials that count."""
     runs, token = [], None
     while True:  # search_runs pages at 1000
@@ -100,11 +130,14 @@ def collect(client, experiment_id: str, parent_id: str, metric: str, swept_keys:
                "seed": tags.get("seed") or params.get("seed") or run.info.run_id,
                "swept": {k: _value(tags.get(f"swept.{k}", params.get(k))) for k in swept_keys},
                "stopped_early": tags.get("stopped_early", "").lower() == "true",
-               "final": None, "history": {}}
+               "final": {}, "history": {}}
         if row["status"] == "FINISHED" and not row["stopped_early"]:
-            row["history"] = _history(client, run.info.run_id, metric)
-            # "Final" = the last logged step: with eval_every > 1 that is still round R.
-            row["final"] = row["history"][max(row["history"])] if row["history"] else None
+            for metric in metrics:
+                history = _history(client, run.info.run_id, metric)
+                row["history"][metric] = history
+                # "Final" = the last logged step: with eval_every > 1 that is still round R.
+                if history:
+                    row["final"][metric] = history[max(history)]
             per_round = cohort_size(int(params.get("federation.clients", 1)),
                                     float(params.get("federation.participation", 1.0)))
             bytes_up = list(_history(client, run.info.run_id, "bytes_up").values())
@@ -117,67 +150,93 @@ def collect(client, experiment_id: str, parent_id: str, metric: str, swept_keys:
     return rows
 
 
-def counted(rows: list[Row]) -> list[Row]:
-    return [r for r in rows if r["final"] is not None]
+def counted(rows: list[Row], metric: str) -> list[Row]:
+    return [r for r in rows if metric in r["final"]]
 
 
 def _cell(row: Row, keys: list[str]) -> tuple:
     return tuple(row["swept"][k] for k in keys)
 
 
-def summarise(rows: list[Row], keys: list[str]) -> list[dict]:
-    """Per (method, swept values except method.name): mean ± std of the final metric over seeds."""
-    groups = defaultdict(lambda: defaultdict(list))
-    for r in counted(rows):
-        groups[(r["method"], _cell(r, keys))][r["seed"]].append(r["final"])
+def _per_seed(rows: list[Row], metric: str, keys: list[str]) -> dict[tuple, dict[str, float]]:
+    """(method, cell) -> {seed: final metric} (a repeated seed counts once, as its mean)."""
+    acc = defaultdict(lambda: defaultdict(list))
+    for r in counted(rows, metric):
+        acc[(r["method"], _cell(r, keys))][r["seed"]].append(r["final"][metric])
+    return {group: {seed: float(np.mean(v)) for seed, v in by_seed.items()} for group, by_seed in acc.items()}
+
+
+def _paired(mine: dict[str, float], theirs: dict[str, float]) -> tuple[float, float, int]:
+    shared = sorted(set(mine) & set(theirs))
+    return interval([mine[s] - theirs[s] for s in shared])
+
+
+def summarise(rows: list[Row], metric: str, keys: list[str], reference: str | None = None) -> list[dict]:
+    """Per (method, swept values except method.name): mean and 95 % interval of the final metric over seeds,
+    and the paired difference against `reference` over the seeds both ran."""
+    groups = _per_seed(rows, metric, keys)
     out = []
     for (method, cell), by_seed in groups.items():
-        finals = [float(np.mean(v)) for v in by_seed.values()]  # a repeated seed counts once
-        out.append({"method": method, **dict(zip(keys, cell)), "mean": float(np.mean(finals)),
-                    "std": _std(finals), "n": len(finals)})
+        mean, half, n = interval(by_seed.values())
+        entry = {"method": method, **dict(zip(keys, cell)), "mean": mean, "ci95": half, "n": n}
+        if reference is not None and (reference, cell) in groups and method != reference:
+            diff, diff_half, pairs = _paired(by_seed, groups[(reference, cell)])
+            entry.update(diff=diff, diff_ci95=diff_half, diff_n=pairs, significant=significant(diff, diff_half))
+        out.append(entry)
     return sorted(out, key=lambda d: (d["method"], [_order(d[k]) for k in keys]))
 
 
-def by_method(rows: list[Row], keys: list[str]) -> list[dict]:
-    """Per method: mean over swept values of the seed-mean, std over seeds of the per-seed sweep mean, costs."""
-    cells = summarise(rows, keys)
+def by_method(rows: list[Row], metric: str, keys: list[str], reference: str | None = None) -> list[dict]:
+    """Per method: the mean over the sweep's cells of the per-seed final metric, its interval over seeds, the
+    paired difference against `reference` (per-seed sweep means), and the cost columns."""
+    groups = _per_seed(rows, metric, keys)
+    sweep_means: dict[str, dict[str, float]] = {}
+    for method in _sorted(m for m, _ in groups):
+        by_seed = defaultdict(list)
+        for (m, _), seeds in groups.items():
+            if m == method:
+                for seed, value in seeds.items():
+                    by_seed[seed].append(value)
+        sweep_means[method] = {seed: float(np.mean(v)) for seed, v in by_seed.items()}
     out = []
-    for method in _sorted(r["method"] for r in counted(rows)):
-        mine = [r for r in counted(rows) if r["method"] == method]
-        per_seed = defaultdict(list)
-        for r in mine:
-            per_seed[r["seed"]].append(r["final"])
-        out.append({"method": method,
-                    "mean": float(np.mean([c["mean"] for c in cells if c["method"] == method])),
-                    "std": _std([float(np.mean(v)) for v in per_seed.values()]),
-                    "n_seeds": len(per_seed), "n_trials": len(mine),
-                    "trainable_params": float(np.nanmean([r["trainable_params"] for r in mine])),
-                    "bytes_up_per_client_round": float(np.nanmean([r["bytes_up_per_client"] for r in mine])),
-                    "seconds_per_round": float(np.nanmean([r["round_seconds"] for r in mine]))})
+    for method, seeds in sweep_means.items():
+        mine = [r for r in counted(rows, metric) if r["method"] == method]
+        mean, half, n = interval(seeds.values())
+        entry = {"method": method, "mean": mean, "ci95": half, "n_seeds": n, "n_trials": len(mine),
+                 "trainable_params": float(np.nanmean([r["trainable_params"] for r in mine])),
+                 "bytes_up_per_client_round": float(np.nanmean([r["bytes_up_per_client"] for r in mine])),
+                 "seconds_per_round": float(np.nanmean([r["round_seconds"] for r in mine]))}
+        if reference in sweep_means and method != reference:
+            diff, diff_half, pairs = _paired(seeds, sweep_means[reference])
+            entry.update(diff=diff, diff_ci95=diff_half, diff_n=pairs, significant=significant(diff, diff_half))
+        out.append(entry)
     return out
 
 
-def _seed_curves(samples) -> dict[str, tuple[list, np.ndarray, np.ndarray]]:
-    """(method, seed, x, value) -> {method: (xs, mean over seeds, std over seeds)}, averaging the rest first."""
+def curves(rows: list[Row], metric: str, x_of) -> dict[str, tuple[list, np.ndarray, np.ndarray]]:
+    """{method: (xs, mean over seeds, 95 % half-width)} of `metric` against x_of(row, step) (the swept value,
+    or the round), averaging each seed over the rest of the sweep first."""
     acc = defaultdict(list)
-    for method, seed, x, value in samples:
-        acc[(method, seed, x)].append(value)
-    curves = {}
+    for r in counted(rows, metric):
+        for x, value in x_of(r):
+            acc[(r["method"], r["seed"], x)].append(value)
+    out = {}
     for method in _sorted(m for m, _, _ in acc):
         xs = _sorted(x for m, _, x in acc if m == method)
-        stats = [[float(np.mean(v)) for (m, s, x2), v in acc.items() if m == method and x2 == x] for x in xs]
-        curves[method] = (xs, np.array([np.mean(s) for s in stats]), np.array([_std(s) for s in stats]))
-    return curves
+        stats = [interval([float(np.mean(v)) for (m, _, x2), v in acc.items() if m == method and x2 == x]) for x in xs]
+        out[method] = (xs, np.array([s[0] for s in stats]), np.array([s[1] for s in stats]))
+    return out
 
 
-def curves_vs_key(rows: list[Row], key: str) -> dict:
-    return _seed_curves((r["method"], r["seed"], r["swept"][key], r["final"]) for r in counted(rows))
+def curves_vs_key(rows: list[Row], metric: str, key: str) -> dict:
+    return curves(rows, metric, lambda r: [(r["swept"][key], r["final"][metric])])
 
 
-def curves_vs_round(rows: list[Row]) -> dict:
-    return _seed_curves((r["method"], r["seed"], float(step), v)
-                        for r in counted(rows) for step, v in r["history"].items())
+def curves_vs_round(rows: list[Row], metric: str) -> dict:
+    return curves(rows, metric, lambda r: [(float(step), v) for step, v in r["history"][metric].items()])
 
+
+# ---------------------------------------------------------------- plots
 
 def _figure(title: str, xlabel: str, ylabel: str):
     import matplotlib
@@ -192,46 +251,90 @@ def _figure(title: str, xlabel: str, ylabel: str):
     return plt, fig, ax
 
 
-def _save(plt, fig, path: Path) -> Path:
+def _save(plt, fig, path: Path, legend_title: str = "method") -> Path:
     # Legend outside on the right: it never hides a line, and constrained layout makes room for it.
-    fig.legend(loc="outside right upper", title="method", frameon=False)
+    fig.legend(loc="outside right upper", title=legend_title, frameon=False)
     fig.savefig(path, dpi=150)
     plt.close(fig)
     return path
 
 
-def plot_vs_key(curves: dict, key: str, metric: str, subtitle: str, path: Path) -> Path:
-    """Final metric vs one swept value, one line per method with ±std error bars; str values as categories."""
+def _positions(curves_: dict) -> tuple[list, bool]:
+    categories = _sorted(x for xs, *_ in curves_.values() for x in xs)
+    return categories, not all(isinstance(x, float) for x in categories)
+
+
+def _set_categories(ax, categories: list) -> None:
+    long = max(len(_show(c)) for c in categories) > 6  # long names would run into each other
+    ax.set_xticks(range(len(categories)), [_show(c) for c in categories],
+                  rotation=30 if long else 0, ha="right" if long else "center")
+
+
+def plot_vs_key(curves_: dict, key: str, metric: str, subtitle: str, path: Path) -> Path:
+    """Final metric vs one swept value, one line per method with 95 % interval bars; str values as categories."""
     plt, fig, ax = _figure(f"{metric_label(metric)} vs {key_label(key)}\n{subtitle}", key_label(key),
                            f"final {metric_label(metric, unit=True)}")
-    categories = _sorted(x for xs, _, _ in curves.values() for x in xs)
-    categorical = not all(isinstance(x, float) for x in categories)
-    for i, (method, (xs, mean, std)) in enumerate(curves.items()):
+    categories, categorical = _positions(curves_)
+    for i, (method, (xs, mean, half)) in enumerate(curves_.items()):
         # Categories are dodged a little per method so error bars do not sit on top of each other.
-        pos = [categories.index(x) + 0.08 * (i - (len(curves) - 1) / 2) for x in xs] if categorical else xs
-        # Categories have no order, so no line joins them; markers and error bars only.
-        ax.errorbar(pos, mean, yerr=np.nan_to_num(std), marker="o", capsize=4, label=method,
+        pos = [categories.index(x) + 0.08 * (i - (len(curves_) - 1) / 2) for x in xs] if categorical else xs
+        ax.errorbar(pos, mean, yerr=np.nan_to_num(half), marker="o", capsize=4, label=method,
                     linestyle="none" if categorical else "-")
     if categorical:
-        long = max(len(_show(c)) for c in categories) > 6  # long names would run into each other
-        ax.set_xticks(range(len(categories)), [_show(c) for c in categories],
-                      rotation=30 if long else 0, ha="right" if long else "center")
+        _set_categories(ax, categories)
     return _save(plt, fig, path)
 
 
-def plot_vs_round(curves: dict, metric: str, subtitle: str, path: Path) -> Path:
-    """Metric vs round per method: mean over seeds (of the mean over swept values), ±std band."""
+def plot_differences(cells: list[dict], key: str, metric: str, reference: str, subtitle: str, path: Path) -> Path:
+    """Paired difference to the reference vs one swept value, per method, with 95 % intervals; a difference
+    whose interval contains 0 is drawn hollow (not significant)."""
+    plt, fig, ax = _figure(f"{metric_label(metric)}: paired difference to {reference} vs {key_label(key)}\n{subtitle}",
+                           key_label(key), f"{metric_label(metric)} − {reference}")
+    ax.axhline(0.0, color="black", linewidth=0.8)
+    methods = _sorted(c["method"] for c in cells if "diff" in c)
+    categories = _sorted(c[key] for c in cells if "diff" in c)
+    categorical = not all(isinstance(x, float) for x in categories)
+    for i, method in enumerate(methods):
+        mine = sorted((c for c in cells if c["method"] == method and "diff" in c), key=lambda c: _order(c[key]))
+        xs = [categories.index(c[key]) + 0.08 * (i - (len(methods) - 1) / 2) if categorical else c[key] for c in mine]
+        line = ax.errorbar(xs, [c["diff"] for c in mine], yerr=np.nan_to_num([c["diff_ci95"] for c in mine]),
+                           marker="none", capsize=4, label=method, linestyle="none" if categorical else "-")
+        colour = line[0].get_color()
+        for x, c in zip(xs, mine):
+            ax.plot([x], [c["diff"]], marker="o", markersize=7, color=colour,
+                    markerfacecolor=colour if c["significant"] else "white")
+    if categorical and categories:
+        _set_categories(ax, categories)
+    ax.plot([], [], marker="o", color="grey", markerfacecolor="white", linestyle="none", label="n.s. (CI holds 0)")
+    return _save(plt, fig, path)
+
+
+def plot_vs_round(curves_: dict, metric: str, subtitle: str, path: Path) -> Path:
+    """Metric vs round per method: mean over seeds (of the mean over swept values), 95 % interval band."""
     plt, fig, ax = _figure(f"{metric_label(metric)} vs round\n{subtitle}", "round (0 = before training)",
                            metric_label(metric, unit=True))
-    for method, (xs, mean, std) in curves.items():
+    for method, (xs, mean, half) in curves_.items():
         line, = ax.plot(xs, mean, marker="o", markersize=3, label=method)
-        ax.fill_between(xs, mean - np.nan_to_num(std), mean + np.nan_to_num(std), color=line.get_color(), alpha=0.2)
+        ax.fill_between(xs, mean - np.nan_to_num(half), mean + np.nan_to_num(half), color=line.get_color(), alpha=0.2)
     ax.xaxis.get_major_locator().set_params(integer=True)
     return _save(plt, fig, path)
 
 
+# ---------------------------------------------------------------- tables
+
 def _fmt(x, digits: int = 4) -> str:
     return "n/a" if isinstance(x, float) and math.isnan(x) else f"{x:.{digits}f}" if isinstance(x, float) else str(x)
+
+
+def _mean_ci(mean: float, half: float) -> str:
+    return f"{_fmt(mean)} ± {_fmt(half)}"
+
+
+def _diff(entry: dict) -> str:
+    if "diff" not in entry:
+        return "—"
+    mark = {True: "", False: " (n.s.)", None: " (n/a)"}[entry["significant"]]
+    return f"{entry['diff']:+.4f} ± {_fmt(entry['diff_ci95'])}{mark}"
 
 
 def _bytes(n: float) -> str:
@@ -242,8 +345,9 @@ def _bytes(n: float) -> str:
 
 
 def _write_csv(rows: list[dict], path: Path) -> Path:
+    fields = list(dict.fromkeys(k for row in rows for k in row))
     with open(path, "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+        writer = csv.DictWriter(f, fieldnames=fields)
         writer.writeheader()
         writer.writerows(rows)
     return path
@@ -254,68 +358,112 @@ def _markdown(header: str, columns: list[str], lines: list[list[str]]) -> str:
     return header + "\n\n" + "\n".join(table + ["| " + " | ".join(c) + " |" for c in lines]) + "\n"
 
 
-def make_report(tracking_uri: str, experiment: str, out_dir: str | Path, metric: str | None = None) -> dict[str, Path]:
-    """Write summary/by_method tables (CSV + Markdown) and plots for one sweep; log them on its parent run."""
+def _summary_metrics(summaries: dict[str, list[dict]], keys: list[str]) -> dict[str, float]:
+    """The report's numbers as metrics of the sweep's parent run: <method>/<key>_<value>.../<metric>_mean (_ci95,
+    _diff, _diff_ci95), so the parent row of the runs table and its chart view carry the summary."""
+    out = {}
+    for metric, cells in summaries.items():
+        for c in cells:
+            where = "/".join([c["method"], *(f"{k.rsplit('.', 1)[-1]}_{_show(c[k])}" for k in keys)])
+            for stat in ("mean", "ci95", "diff", "diff_ci95"):
+                if stat in c and not math.isnan(c[stat]):
+                    out[f"{where}/{metric}_{stat}"] = c[stat]
+    return out
+
+
+def make_report(tracking_uri: str, experiment: str, out_dir: str | Path, metric: str | None = None,
+                reference: str | None = None) -> dict[str, Path]:
+    """Write summary/by_method tables (CSV + Markdown) and plots for one sweep; log them and the summary on its
+    parent run."""
     from mlflow import MlflowClient
+    from mlflow.entities import Metric
 
     client = MlflowClient(tracking_uri=tracking_uri)
     experiment_id, parent = find_sweep(client, experiment, tracking_uri)
     tags = parent.data.tags
     swept = [k for k in tags.get("swept_keys", "").split(",") if k and k != METHOD_KEY]
-    if metric is None:
-        metric = tags.get("metric")
-    if metric is None:  # an old parent without the tag: the headline metric of the task
-        trial = client.search_runs([experiment_id], f"tags.`mlflow.parentRunId` = '{parent.info.run_id}'",
-                                   max_results=1)
-        metric = "test_mAP" if not trial or "test_mAP" in trial[0].data.metrics else "test_accuracy"
-    rows = collect(client, experiment_id, parent.info.run_id, metric, swept)
-    used = counted(rows)
+    metric = metric or tags.get("metric") or "val_mAP"
+    reference = reference or tags.get("reference")
+    score = test_metric_of(metric)
+    reported = list(dict.fromkeys([metric, score]))
+    rows = collect(client, experiment_id, parent.info.run_id, reported, swept)
+    used = counted(rows, metric)
     if not used:
         raise FedvlpError(f"experiment {experiment!r}: none of its {len(rows)} trials is FINISHED with "
                           f"{metric!r} logged; expected at least one finished trial")
+    if reference is not None and reference not in {r["method"] for r in used}:
+        raise FedvlpError(f"reference: {reference!r} ran no counted trial in {experiment!r}; expected one of "
+                          f"{', '.join(_sorted(r['method'] for r in used))}")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     seeds = len({r["seed"] for r in used})
     failed = sum(r["status"] == "FAILED" for r in rows)
     early = sum(r["stopped_early"] for r in rows)
     other = len(rows) - len(used) - failed - early
-    header = (f"# {experiment}: {metric}\n\nSweep over {', '.join(swept) or 'methods only'}; mode "
-              f"{tags.get('mode', 'max')}. {len(used)} of {len(rows)} trials counted; skipped: {failed} FAILED, "
-              f"{early} stopped early (ASHA), {other} other (not finished or no {metric}). "
-              f"Final = {metric} at the last logged round; ± is the sample std over seeds (ddof=1).")
+    header = (f"# {experiment}\n\nSweep over {', '.join(swept) or 'methods only'}; selected on {metric} "
+              f"(mode {tags.get('mode', 'max')}), scored on {score}. {len(used)} of {len(rows)} trials counted; "
+              f"skipped: {failed} FAILED, {early} stopped early (ASHA), {other} other (not finished or no {metric}). "
+              f"Final = the metric at the last logged round, over {seeds} seed(s); ± is the half-width of the 95 % "
+              f"Student-t interval over seeds" + (f"; Δ is the paired difference to {reference} over the same seeds, "
+                                                 f"n.s. where its interval contains 0" if reference else "") + ".")
     files: dict[str, Path] = {}
-
-    summary = summarise(rows, swept)
-    files["summary.csv"] = _write_csv(summary, out / "summary.csv")
+    summaries = {m: summarise(rows, m, swept, reference) for m in reported}
+    columns = ["method", *map(key_label, swept)]
+    lines = []
+    for cell in summaries[metric]:
+        match = next((c for c in summaries.get(score, []) if all(c.get(k) == cell.get(k) for k in ["method", *swept])),
+                     None)
+        line = [cell["method"], *(_show(cell[k]) for k in swept), _mean_ci(cell["mean"], cell["ci95"])]
+        if score != metric:
+            line.append(_mean_ci(match["mean"], match["ci95"]) if match else "n/a")
+        if reference:
+            line += [_diff(cell)] + ([_diff(match) if match else "—"] if score != metric else [])
+        lines.append(line + [str(cell["n"])])
+    metric_columns = [metric_label(metric)] + ([metric_label(score)] if score != metric else [])
+    diff_columns = [f"Δ {metric_label(m)} vs {reference}" for m in reported] if reference else []
+    files["summary.csv"] = _write_csv([{"metric": m, **c} for m in reported for c in summaries[m]], out / "summary.csv")
     files["summary.md"] = out / "summary.md"
-    files["summary.md"].write_text(_markdown(
-        header, ["method", *map(key_label, swept), f"final {metric_label(metric)}", "n seeds"],
-        [[s["method"], *(_show(s[k]) for k in swept), f"{_fmt(s['mean'])} ± {_fmt(s['std'])}", str(s["n"])]
-         for s in summary]))
+    files["summary.md"].write_text(_markdown(header, columns + metric_columns + diff_columns + ["n seeds"], lines))
 
-    table = by_method(rows, swept)
-    best = (max if tags.get("mode", "max") == "max" else min)(t["mean"] for t in table)
-    files["by_method.csv"] = _write_csv(table, out / "by_method.csv")
+    tables = {m: by_method(rows, m, swept, reference) for m in reported}
+    best = (max if tags.get("mode", "max") == "max" else min)(t["mean"] for t in tables[metric])
+    lines = []
+    for t in tables[metric]:
+        s = next(x for x in tables[score] if x["method"] == t["method"]) if score != metric else t
+        cells = [t["method"], ("**{}**" if t["mean"] == best else "{}").format(_mean_ci(t["mean"], t["ci95"]))]
+        if score != metric:
+            cells.append(_mean_ci(s["mean"], s["ci95"]))
+        if reference:
+            cells += [_diff(t)] + ([_diff(s)] if score != metric else [])
+        cells += [str(t["n_seeds"]), f"{t['trainable_params']:,.0f}" if not math.isnan(t["trainable_params"]) else "n/a",
+                  _bytes(t["bytes_up_per_client_round"]) if not math.isnan(t["bytes_up_per_client_round"]) else "n/a",
+                  _fmt(t["seconds_per_round"], 2)]
+        lines.append(cells)
+    files["by_method.csv"] = _write_csv([{"metric": m, **t} for m in reported for t in tables[m]], out / "by_method.csv")
     files["by_method.md"] = out / "by_method.md"
     files["by_method.md"].write_text(_markdown(
-        header + "\n\nMean over the sweep (best in bold); cost columns as in FedMPT Table 5.",
-        ["method", f"{metric_label(metric)} (mean over sweep)", "n seeds", "trainable params",
-         "bytes up / client / round", "s / round"],
-        [[t["method"], ("**{}**" if t["mean"] == best else "{}").format(f"{_fmt(t['mean'])} ± {_fmt(t['std'])}"),
-          str(t["n_seeds"]), f"{t['trainable_params']:,.0f}" if not math.isnan(t["trainable_params"]) else "n/a",
-          _bytes(t["bytes_up_per_client_round"]) if not math.isnan(t["bytes_up_per_client_round"]) else "n/a",
-          _fmt(t["seconds_per_round"], 2)] for t in table]))
+        header + "\n\nMean over the sweep's cells (best selection metric in bold); cost columns as in FedMPT Table 5.",
+        ["method"] + [f"{c} (mean over sweep)" for c in metric_columns] + diff_columns
+        + ["n seeds", "trainable params", "bytes up / client / round", "s / round"], lines))
 
     for key in swept:
         others = [k for k in swept if k != key]
-        subtitle = f"{experiment}: mean ± std over {seeds} seed(s)" + (
+        subtitle = f"{experiment}: mean ± 95 % CI over {seeds} seed(s)" + (
             f", averaged over {', '.join(map(key_label, others))}" if others else "")
-        name = f"{metric}_vs_{key}.png"
-        files[name] = plot_vs_key(curves_vs_key(rows, key), key, metric, subtitle, out / name)
+        for m in reported:
+            name = f"{m}_vs_{key}.png"
+            files[name] = plot_vs_key(curves_vs_key(rows, m, key), key, m, subtitle, out / name)
+            if reference and not others:
+                name = f"{m}_difference_vs_{key}.png"
+                files[name] = plot_differences(summaries[m], key, m, reference, subtitle, out / name)
     name = f"{metric}_vs_round.png"
-    files[name] = plot_vs_round(curves_vs_round(rows), metric, f"{experiment}: mean over swept values, "
-                                f"± std over {seeds} seed(s)", out / name)
+    files[name] = plot_vs_round(curves_vs_round(rows, metric), metric, f"{experiment}: mean over swept values, "
+                                f"95 % CI over {seeds} seed(s); flat at the end = converged", out / name)
 
     for path in files.values():
         client.log_artifact(parent.info.run_id, str(path), "report")
+    items = list(_summary_metrics(summaries, swept).items())
+    now = int(time.time() * 1000)
+    for i in range(0, len(items), 500):  # MLflow takes at most 1000 metrics per batch
+        client.log_batch(parent.info.run_id, metrics=[Metric(k, v, now, 0) for k, v in items[i:i + 500]])
     return files
