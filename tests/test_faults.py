@@ -1,7 +1,10 @@
 """Client faults and stragglers on real Ray actors: killed workers, crashed processes, raising clients,
 wall-clock deadlines, the simulated device clock, and a driver killed mid-run then resumed bitwise."""
 import os
+import shutil
 import signal
+import tempfile
+from pathlib import Path
 import subprocess
 import sys
 import threading
@@ -12,7 +15,7 @@ import ray
 import torch
 from mlflow import MlflowClient
 
-from conftest import small_run
+from conftest import CLI_TIMEOUT_S, small_run
 from fedvlp.errors import RoundFailedError
 from fedvlp.platform.clock import VirtualClock
 from fedvlp.platform.engine import run_federated
@@ -100,6 +103,17 @@ def test_updates_after_the_wall_clock_deadline_are_left_out(ray_cluster, trackin
     assert _run(tracking_uri, result.run_id).data.metrics["late_clients"] == 2
 
 
+def test_a_hung_worker_is_replaced_and_the_run_goes_on(ray_cluster, tracking_uri, tmp_path, capfd):
+    spec = small_run(tracking_uri, tmp_path, "federation.participation=1.0", "method.local_epochs=1",
+                     "resources.round_timeout_s=8", "federation.rounds=3")
+    result = run_federated(spec, progress=False, on_round=fault_in_round(2, 1, 1, "hang"))
+    hung, after = result.history[1], result.history[2]
+    assert hung["failed_clients"] >= 1 and hung["replaced_workers"] == 1 and hung["clients"] == 4 - hung["failed_clients"]
+    assert after["clients"] == 4 and after["failed_clients"] == 0  # worker 1's clients trained on its replacement
+    assert "no update within resources.round_timeout_s=8 s; dropped" in capfd.readouterr().err
+    assert _run(tracking_uri, result.run_id).info.status == "FINISHED"
+
+
 def test_the_virtual_clock_by_hand():
     from types import SimpleNamespace
 
@@ -135,29 +149,47 @@ def test_the_virtual_clock_leaves_out_slow_devices_reproducibly(ray_cluster, tra
     assert one.history[-1]["virtual_clock_seconds"] == pytest.approx(12.0)  # two rounds cut at the deadline
 
 
-# ---------------------------------------------------------------- the driver killed mid-run
+# ---------------------------------------------------------------- the driver killed mid-run, or interrupted
 
 def _fedvlp(tmp_path, env, *args, **kwargs):
     return subprocess.Popen([sys.executable, "-m", "fedvlp", *args], cwd=tmp_path, env=env, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True, **kwargs)
 
 
-def test_a_killed_driver_resumes_bitwise_in_the_same_mlflow_run(tmp_path):
+def _run_until(proc, prefix: str, timeout: float = CLI_TIMEOUT_S) -> list[str]:
+    """Read the process's output until a line starts with `prefix`; kill its group if that never comes."""
+    deadline, lines = time.time() + timeout, []
+    try:
+        for line in proc.stdout:
+            lines.append(line)
+            if line.startswith(prefix):
+                return lines
+            assert time.time() < deadline, "".join(lines)
+        raise AssertionError(f"the process ended before {prefix!r}:\n" + "".join(lines[-30:]))
+    except BaseException:
+        os.killpg(proc.pid, signal.SIGKILL)
+        raise
+
+
+def _ray_processes(session_root) -> list:
+    import psutil
+
+    return [p for p in psutil.process_iter(["cmdline"]) if any(str(session_root) in c for c in (p.info["cmdline"] or []))]
+
+
+@pytest.mark.usefixtures("ray_cluster", "tiny_clip")
+def test_a_killed_fedotp_driver_resumes_bitwise_in_the_same_mlflow_run(tmp_path, tracking_uri):
+    """FedOTP keeps a local prompt per client: kill -9 after round 2, --resume, and the run ends bitwise equal
+    to an uninterrupted one, client states and all."""
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     env = {**os.environ, "MLFLOW_TRACKING_URI": uri, "PYTHONUNBUFFERED": "1"}
-    overrides = ["data.num_train=1000", "data.num_test=256", "federation.clients=4", "federation.rounds=3",
-                 "federation.participation=0.5", "method.local_epochs=1", f"output_dir={tmp_path / 'runs'}"]
-    args = ["run", *[a for o in overrides for a in ("--set", o)]]
-
-    first = _fedvlp(tmp_path, env, *args)
-    deadline = time.time() + 600
-    lines = []
-    for line in first.stdout:  # kill -9 the driver (and its local Ray) right after round 2 is logged
-        lines.append(line)
-        if line.startswith("round 2/3"):
-            os.killpg(first.pid, signal.SIGKILL)
-            break
-        assert time.time() < deadline, "".join(lines)
+    overrides = ["method.name=fedotp", "data.num_train=600", "data.num_val=128", "data.num_test=128",
+                 "data.num_holdout=100", "federation.clients=4", "federation.rounds=3",
+                 "federation.participation=0.5", "method.local_epochs=1", "resources.workers=1",
+                 f"output_dir={tmp_path / 'runs'}"]
+    first = _fedvlp(tmp_path, env, "run", *[a for o in overrides for a in ("--set", o)])
+    _run_until(first, "round 2/3")
+    os.killpg(first.pid, signal.SIGKILL)  # kill -9 the driver (and its local Ray) right after round 2 is logged
     first.wait()
     client = MlflowClient(uri)
     (killed,) = client.search_runs([e.experiment_id for e in client.search_experiments()])
@@ -165,24 +197,46 @@ def test_a_killed_driver_resumes_bitwise_in_the_same_mlflow_run(tmp_path):
     time.sleep(2)
 
     resumed = _fedvlp(tmp_path, env, "run", "--resume", killed.info.run_id)
-    out, _ = resumed.communicate(timeout=600)
+    out, _ = resumed.communicate(timeout=CLI_TIMEOUT_S)
     assert resumed.returncode == 0, out[-3000:]
-    assert "resuming after round" in out
-    whole = subprocess.run([sys.executable, "-m", "fedvlp", *args], cwd=tmp_path, env=env, capture_output=True,
-                           text=True, timeout=600)
-    assert whole.returncode == 0, whole.stderr[-3000:]
+    assert "resuming after round 2" in out
+    whole = run_federated(small_run(uri, tmp_path, *overrides), progress=False)  # uninterrupted, in this process
 
-    runs = {r.info.run_id: r for r in client.search_runs([e.experiment_id for e in client.search_experiments()])}
-    assert len(runs) == 2 and {r.info.status for r in runs.values()} == {"FINISHED"}
-    (whole_id,) = set(runs) - {killed.info.run_id}
-
-    def final(run_id):
-        state = torch.load(tmp_path / "runs" / run_id / "checkpoint.pt", weights_only=True)
-        history = client.get_metric_history(run_id, "test_mAP")
-        return state, {m.step: m.value for m in history}
-
-    (resumed_state, resumed_map), (whole_state, whole_map) = final(killed.info.run_id), final(whole_id)
+    assert client.get_run(killed.info.run_id).info.status == "FINISHED"
+    resumed_state = torch.load(tmp_path / "runs" / killed.info.run_id / "checkpoint.pt", weights_only=True)
+    whole_state = torch.load(tmp_path / "runs" / whole.run_id / "checkpoint.pt", weights_only=True)
     assert resumed_state["round"] == whole_state["round"] == 3
     assert resumed_state["final"] == whole_state["final"]
-    assert all(torch.equal(resumed_state["global"][k], whole_state["global"][k]) for k in whole_state["global"])
-    assert resumed_map == whole_map and sorted(resumed_map) == [0, 1, 2, 3]
+    for part in ("global",):
+        assert all(torch.equal(resumed_state[part][k], whole_state[part][k]) for k in whole_state[part])
+    mine, theirs = resumed_state["clients"]["in_memory"], whole_state["clients"]["in_memory"]
+    assert sorted(mine) == sorted(theirs) and len(mine) >= 2  # the local prompts of every client that trained
+    assert all(torch.equal(mine[c]["local_ctx"], theirs[c]["local_ctx"]) for c in mine)
+    history = {m.step: m.value for m in client.get_metric_history(killed.info.run_id, "val_mAP")}
+    assert history == {m.step: m.value for m in client.get_metric_history(whole.run_id, "val_mAP")}
+    assert sorted(history) == [0, 1, 2, 3]
+
+
+@pytest.mark.usefixtures("tiny_clip")
+def test_ctrl_c_ends_the_run_killed_and_leaves_no_ray_behind(tmp_path):
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    ray_tmp = Path(tempfile.mkdtemp(prefix="ray", dir="/tmp"))  # Ray's socket paths must stay short
+    env = {**os.environ, "MLFLOW_TRACKING_URI": uri, "PYTHONUNBUFFERED": "1", "RAY_TMPDIR": str(ray_tmp)}
+    proc = _fedvlp(tmp_path, env, "run", "--set", "federation.rounds=20", "--set", "data.num_train=600",
+                   "--set", "resources.workers=1", "--set", f"output_dir={tmp_path / 'runs'}")
+    _run_until(proc, "round 1/20")
+    assert _ray_processes(ray_tmp)  # the run's own Ray is there to be cleaned up
+    proc.send_signal(signal.SIGINT)  # Ctrl-C reaches the driver only, as from a terminal
+    try:
+        out, _ = proc.communicate(timeout=120)
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL) if proc.poll() is None else None
+    assert proc.returncode == 130 and "fedvlp: interrupted" in out
+    client = MlflowClient(uri)
+    (run,) = client.search_runs([e.experiment_id for e in client.search_experiments()])
+    assert run.info.status == "KILLED"
+    deadline = time.time() + 30
+    while _ray_processes(ray_tmp) and time.time() < deadline:
+        time.sleep(1)
+    assert not _ray_processes(ray_tmp)
+    shutil.rmtree(ray_tmp, ignore_errors=True)

@@ -1,4 +1,5 @@
-"""Sweeps: space-file validation, a real Ray Tune run tracked as one MLflow experiment, and kill + --resume."""
+"""Sweeps and tuning: space-file validation, a real Ray Tune run tracked as one MLflow experiment, kill + --resume,
+ASHA, `fedvlp tune`, and the rule that nothing that selects ever reads a test metric."""
 import dataclasses
 import os
 import signal
@@ -11,39 +12,35 @@ import pytest
 import yaml
 from mlflow import MlflowClient
 
+from conftest import CLI_TIMEOUT_S, fedvlp_cli
 from fedvlp.errors import ConfigError
 from fedvlp.platform.engine import run_federated
-from fedvlp.platform.sweep import load_sweep, trial_spec
+from fedvlp.platform.sweep import _tune_config, load_sweep, trial_spec
 
-REPO = Path(__file__).resolve().parent.parent
-SMALL = {"federation.rounds": 2, "federation.clients": 4, "data.num_train": 800, "data.num_test": 512,
-         "method.local_epochs": 2, "resources.workers": 1, "resources.num_cpus": 0.5,
-         "resources.coordinator_cpus": 0.25}
+SMALL = {"federation.rounds": 2, "federation.clients": 4, "data.num_train": 600, "data.num_val": 256,
+         "data.num_test": 256, "data.num_holdout": 100, "method.local_epochs": 2, "resources.workers": 1,
+         "resources.num_cpus": 0.5, "resources.coordinator_cpus": 0.25}
 
 
 def write_space(tmp_path, name="t", **fields) -> Path:
-    space = {"base": str(REPO / "configs" / "quickstart.yaml"), "name": name, "set": dict(SMALL),
-             "space": {"method.name": {"grid": ["promptfl", "zeroshot"]}}, "seeds": [0], "metric": "test_mAP",
+    space = {"base": "quickstart", "name": name, "set": dict(SMALL),
+             "space": {"method.name": {"grid": ["promptfl", "zeroshot"]}}, "seeds": [0], "metric": "val_mAP",
              "mode": "max", "max_concurrent_trials": 2, "storage": str(tmp_path / "ray_results"), **fields}
     path = tmp_path / f"{name}.yaml"
     path.write_text(yaml.safe_dump(space))
     return path
 
 
-def test_shipped_spaces_are_valid():
-    for path in sorted((REPO / "tune_spaces").glob("*.yaml")):
-        sweep = load_sweep(path)
-        assert sweep.swept_keys and sweep.seeds and sweep.metric.startswith("test_")
-        assert len(sweep.seeds) >= 2 or path.stem == "smoke", f"{path.name}: several seeds expected"
-
-
-def test_trial_spec_applies_values_and_switches_method(tmp_path):
-    sweep = load_sweep(write_space(tmp_path, set={**SMALL, "method.lr": 0.01}))
-    promptfl = trial_spec(sweep, {"method.name": "promptfl", "seed": 3}, "p")
-    zeroshot = trial_spec(sweep, {"method.name": "zeroshot", "seed": 3}, "p")
+def test_trial_spec_applies_values_switches_method_and_names_the_run(tmp_path):
+    sweep = load_sweep(write_space(tmp_path, set={**SMALL, "method.lr": 0.01},
+                                   space={"method.name": {"grid": ["promptfl", "zeroshot"]},
+                                          "federation.heterogeneity": {"grid": [0.1, 1.0]}}))
+    promptfl = trial_spec(sweep, {"method.name": "promptfl", "federation.heterogeneity": 0.1, "seed": 3}, "p")
+    zeroshot = trial_spec(sweep, {"method.name": "zeroshot", "federation.heterogeneity": 1.0, "seed": 3}, "p")
     assert promptfl.method.params.lr == 0.01 and promptfl.seed == 3
     assert zeroshot.method.name == "zeroshot" and zeroshot.federation.rounds == 2
     assert promptfl.tracking.experiment == "sweep-t" and promptfl.tracking.uri.startswith("sqlite:////")
+    assert promptfl.tracking.run_name == "promptfl heterogeneity=0.1 seed 3"
 
 
 @pytest.mark.parametrize("fields, message", [
@@ -57,17 +54,36 @@ def test_trial_spec_applies_values_and_switches_method(tmp_path):
     ({"mode": "maximum"}, r"mode: expected max or min"),
     ({"scheduler": {"type": "hyperband"}}, r"scheduler: expected \{type: none\}"),
     ({"max_concurrent_trials": 0}, r"max_concurrent_trials: expected an integer >= 1"),
+    ({"base": "no_such_config"}, r"base: no_such_config not found"),
 ])
 def test_bad_space_files_name_the_key(tmp_path, fields, message):
     with pytest.raises(ConfigError, match=message):
         load_sweep(write_space(tmp_path, **fields))
 
 
+@pytest.mark.parametrize("metric", ["test_mAP", "personal_mAP", "mAP"])
+def test_no_selection_path_accepts_a_test_metric(tmp_path, metric):
+    """A sweep's best trial and ASHA read the space file's metric, `fedvlp tune` its --metric: each refuses
+    anything but a val_* metric, even when the check at load time is bypassed."""
+    from fedvlp.platform.tune import load_tune, run_tune
+
+    with pytest.raises(ConfigError, match=rf"metric: expected a val_\* metric .* got '{metric}'"):
+        load_sweep(write_space(tmp_path, metric=metric))
+    sweep = dataclasses.replace(load_sweep(write_space(tmp_path)), metric=metric, scheduler={"type": "asha"})
+    with pytest.raises(ConfigError, match=r"expected a val_\* metric"):
+        _tune_config(sweep)
+    with pytest.raises(ConfigError, match=rf"--metric: expected a val_\* metric .* got '{metric}'"):
+        load_tune("quickstart", budget=2, metric=metric)
+    tune_spec = dataclasses.replace(load_tune("quickstart", budget=2), metric=metric)
+    with pytest.raises(ConfigError, match=r"--metric: expected a val_\* metric"):
+        run_tune(tune_spec)
+
+
 def _nested_runs(uri: str, experiment: str):
     client = MlflowClient(uri)
     exp = client.get_experiment_by_name(experiment)
     runs = client.search_runs([exp.experiment_id])
-    parents = [r for r in runs if r.data.tags.get("fedvlp.role") == "sweep"]
+    parents = [r for r in runs if r.data.tags.get("fedvlp.role") in ("sweep", "tune")]
     trials = [r for r in runs if r.data.tags.get("fedvlp.role") == "trial"]
     return client, parents, trials
 
@@ -75,29 +91,28 @@ def _nested_runs(uri: str, experiment: str):
 @pytest.mark.usefixtures("tiny_clip")
 def test_sweep_runs_trials_as_nested_mlflow_runs_and_reports(tmp_path):
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    space = write_space(tmp_path, name="nested", seeds=[0, 1],
-                        space={"federation.heterogeneity": {"grid": [0.2, 1.0]}},
+    space = write_space(tmp_path, name="nested", seeds=[0, 1], reference="zeroshot",
                         set={**SMALL, "tracking.uri": uri, "output_dir": str(tmp_path / "runs")})
-    proc = subprocess.run([sys.executable, "-m", "fedvlp", "sweep", str(space), "--report"], cwd=tmp_path,
-                          capture_output=True, text=True, timeout=900)
+    proc = fedvlp_cli(["sweep", str(space), "--report"], cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "sweep: 4 done, 0 running, 0 pending; best test_mAP" in proc.stdout
+    assert "sweep: 4 done, 0 running, 0 pending; best val_mAP" in proc.stdout
     client, parents, trials = _nested_runs(uri, "sweep-nested")
     assert len(parents) == 1 and parents[0].info.status == "FINISHED"
     assert len(trials) == 4 and {t.info.status for t in trials} == {"FINISHED"}
     parent_id = parents[0].info.run_id
-    seen = set()
+    assert sorted(t.info.run_name for t in trials) == ["promptfl seed 0", "promptfl seed 1", "zeroshot seed 0",
+                                                       "zeroshot seed 1"]
     for trial in trials:
         tags = trial.data.tags
         assert tags["mlflow.parentRunId"] == parent_id and tags["sweep"] == "nested"
-        assert tags["method"] == "promptfl" and tags["dataset"] == "synthetic-scenes"
-        assert trial.data.params["federation.heterogeneity"] == tags["swept.federation.heterogeneity"]
-        seen.add((tags["swept.federation.heterogeneity"], tags["seed"]))
-        assert [m.step for m in client.get_metric_history(trial.info.run_id, "test_mAP")] == [0, 1, 2]
-    assert seen == {("0.2", "0"), ("0.2", "1"), ("1.0", "0"), ("1.0", "1")}
+        assert [m.step for m in client.get_metric_history(trial.info.run_id, "val_mAP")] == [0, 1, 2]
     report = tmp_path / "reports" / "sweep-nested"
-    assert (report / "summary.md").exists() and (report / "test_mAP_vs_federation.heterogeneity.png").exists()
+    assert (report / "summary.md").exists() and (report / "by_method.md").exists()
+    assert (report / "val_mAP_vs_round.png").exists()
     assert {a.path for a in client.list_artifacts(parent_id, "report")} >= {"report/summary.csv", "report/by_method.md"}
+    summary = client.get_run(parent_id).data.metrics  # the parent run carries the summary
+    assert {"promptfl/val_mAP_mean", "promptfl/test_mAP_mean", "promptfl/val_mAP_ci95", "promptfl/val_mAP_diff",
+            "zeroshot/test_mAP_mean"} <= set(summary)
 
 
 @pytest.mark.usefixtures("tiny_clip")
@@ -109,15 +124,16 @@ def test_killed_sweep_resumes_with_one_run_per_trial(tmp_path):
     log = open(tmp_path / "first.log", "w")
     first = subprocess.Popen([sys.executable, "-m", "fedvlp", "sweep", str(space)], cwd=tmp_path, stdout=log,
                              stderr=subprocess.STDOUT, start_new_session=True)
-    deadline = time.time() + 600
-    while "finished" not in (tmp_path / "first.log").read_text():
-        assert first.poll() is None and time.time() < deadline, (tmp_path / "first.log").read_text()[-2000:]
-        time.sleep(1)
-    os.killpg(first.pid, signal.SIGKILL)  # the driver dies mid-sweep, its local Ray with it
-    first.wait()
+    try:
+        deadline = time.time() + CLI_TIMEOUT_S
+        while "finished" not in (tmp_path / "first.log").read_text():
+            assert first.poll() is None and time.time() < deadline, (tmp_path / "first.log").read_text()[-2000:]
+            time.sleep(1)
+    finally:
+        os.killpg(first.pid, signal.SIGKILL)  # the driver dies mid-sweep, its local Ray with it
+        first.wait()
     time.sleep(3)
-    again = subprocess.run([sys.executable, "-m", "fedvlp", "sweep", str(space), "--resume"], cwd=tmp_path,
-                           capture_output=True, text=True, timeout=900)
+    again = fedvlp_cli(["sweep", str(space), "--resume"], cwd=tmp_path)
     assert again.returncode == 0, again.stderr[-3000:]
     client, parents, trials = _nested_runs(uri, "sweep-resume")
     assert len(parents) == 1 and parents[0].info.status == "FINISHED"
@@ -125,36 +141,68 @@ def test_killed_sweep_resumes_with_one_run_per_trial(tmp_path):
     assert keys == [("promptfl", "0"), ("promptfl", "1"), ("zeroshot", "0"), ("zeroshot", "1")]  # none duplicated
     assert {t.info.status for t in trials} == {"FINISHED"}  # none left RUNNING
     for trial in trials:
-        steps = [m.step for m in client.get_metric_history(trial.info.run_id, "test_mAP")]
+        steps = [m.step for m in client.get_metric_history(trial.info.run_id, "val_mAP")]
         assert sorted(set(steps)) == [0, 1, 2, 3]
-    again_again = subprocess.run([sys.executable, "-m", "fedvlp", "sweep", str(space)], cwd=tmp_path,
-                                 capture_output=True, text=True, timeout=300)
+    again_again = fedvlp_cli(["sweep", str(space)], cwd=tmp_path)
     assert again_again.returncode == 2 and "pass --resume" in again_again.stderr
     # a resumed trial ends exactly where the same run uninterrupted ends
+    import ray
+
     sweep = load_sweep(space)
-    for trial in trials:
-        if trial.data.tags["swept.method.name"] == "promptfl":
-            spec = trial_spec(sweep, {"method.name": "promptfl", "seed": int(trial.data.tags["seed"])}, "check")
-            spec = dataclasses.replace(spec, tracking=dataclasses.replace(spec.tracking, experiment="uninterrupted"))
-            whole = run_federated(spec, progress=False)
-            assert client.get_run(trial.info.run_id).data.metrics["test_mAP"] == whole.final["mAP"]
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level="ERROR")
+    try:
+        for trial in trials:
+            if trial.data.tags["swept.method.name"] == "promptfl":
+                spec = trial_spec(sweep, {"method.name": "promptfl", "seed": int(trial.data.tags["seed"])}, "check")
+                spec = dataclasses.replace(spec, tracking=dataclasses.replace(spec.tracking, experiment="whole"))
+                whole = run_federated(spec, progress=False)
+                assert client.get_run(trial.info.run_id).data.metrics["val_mAP"] == whole.final["val_mAP"]
+    finally:
+        ray.shutdown()
 
 
 @pytest.mark.usefixtures("tiny_clip")
-def test_asha_stops_weak_trials_and_leaves_no_run_running(tmp_path):
+def test_asha_stops_weak_trials_on_val_and_leaves_no_run_running(tmp_path):
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     space = write_space(tmp_path, name="asha", seeds=[0, 1], max_concurrent_trials=1,
                         scheduler={"type": "asha", "grace_period": 1, "reduction_factor": 2},
                         set={**SMALL, "federation.rounds": 3, "tracking.uri": uri, "output_dir": str(tmp_path / "r")})
-    proc = subprocess.run([sys.executable, "-m", "fedvlp", "sweep", str(space)], cwd=tmp_path,
-                          capture_output=True, text=True, timeout=900)
+    proc = fedvlp_cli(["sweep", str(space)], cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     client, parents, trials = _nested_runs(uri, "sweep-asha")
     assert len(trials) == 4 and "RUNNING" not in {t.info.status for t in trials}
-    rounds = {t.info.run_id: max(m.step for m in client.get_metric_history(t.info.run_id, "test_mAP")) for t in trials}
+    rounds = {t.info.run_id: max(m.step for m in client.get_metric_history(t.info.run_id, "val_mAP")) for t in trials}
     stopped = [t for t in trials if t.data.tags.get("stopped_early") == "true"]
     assert stopped and all(rounds[t.info.run_id] < 3 for t in stopped)  # ASHA cut them before the last round
     assert any(r == 3 for r in rounds.values())
+
+
+@pytest.mark.usefixtures("tiny_clip")
+def test_tune_searches_the_methods_ranges_on_val_and_writes_a_config_fedvlp_runs(tmp_path):
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    out = tmp_path / "tuned.yaml"
+    sets = [a for k, v in {**SMALL, "federation.rounds": 1, "tracking.uri": uri,
+                           "output_dir": str(tmp_path / "runs")}.items() for a in ("--set", f"{k}={v}")]
+    proc = fedvlp_cli(["tune", "quickstart", "--budget", "2", "--seeds", "0", "1", "--out", str(out), *sets],
+                      cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    client, parents, trials = _nested_runs(uri, "tune-quickstart")
+    assert len(parents) == 1 and parents[0].info.status == "FINISHED" and len(trials) == 4  # 2 trials x 2 seeds
+    best = {k[len("best."):]: v for k, v in parents[0].data.tags.items() if k.startswith("best.")}
+    assert set(best) == {"method.lr", "method.local_epochs"}
+    by_trial = {}
+    for trial in trials:
+        values = tuple(trial.data.tags[f"tuned.{k}"] for k in sorted(best))
+        by_trial.setdefault(values, []).append(trial.data.metrics["val_mAP"])
+    objective = parents[0].data.metrics["best_val_mAP"]
+    assert objective == pytest.approx(max(sum(v) / len(v) for v in by_trial.values()))  # the mean over seeds
+    text = out.read_text()
+    assert text.startswith("# Tuned with `fedvlp tune quickstart --budget 2 --seeds 0 1`")
+    tuned = yaml.safe_load(text)
+    assert tuned["method"]["local_epochs"] == int(best["method.local_epochs"])
+    assert tuned["method"]["lr"] == pytest.approx(float(best["method.lr"]), rel=1e-3)
+    run = fedvlp_cli(["run", str(out), "--print-config"], cwd=tmp_path)
+    assert run.returncode == 0 and f"local_epochs: {tuned['method']['local_epochs']}" in run.stdout
 
 
 def test_named_variants_are_swept_as_one_key(tmp_path):

@@ -358,6 +358,7 @@ def _tune_config(sweep: SweepSpec):
     from ray import tune
     from ray.tune.schedulers import ASHAScheduler
 
+    check_selection_metric(sweep.metric, f"{sweep.path}: metric")  # what ASHA and the best trial read
     scheduler = None
     if sweep.scheduler["type"] == "asha":
         rounds = build_spec(copy.deepcopy(sweep.base)).federation.rounds

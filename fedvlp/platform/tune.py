@@ -144,9 +144,11 @@ def run_tune(tune_spec: TuneSpec, out: str | Path | None = None, progress: bool 
     from ray.tune.search.optuna import OptunaSearch
 
     from fedvlp.platform.engine import ensure_ray, run_bundles
+    from fedvlp.platform.sweep import check_selection_metric
     from fedvlp.platform.tracking import open_experiment
     from fedvlp.seeding import numpy_rng
 
+    check_selection_metric(tune_spec.metric, "--metric")  # what the search algorithm, ASHA and the best trial read
     rounds = build_spec(copy.deepcopy(tune_spec.base)).federation.rounds
     out_path = Path(out) if out else Path(f"{tune_spec.name}-tuned.yaml")
     experiment_dir = tune_spec.storage.resolve() / tune_spec.experiment
