@@ -1,12 +1,14 @@
-"""Every bad input is answered clearly: through the real CLI, each case must
+"""Every bad input is answered clearly: through the CLI's `main`, each case must
 
 1. exit non-zero,
 2. end stderr with one line `fedvlp: error: ...` naming the field or path and what was expected, with no traceback,
-3. leave no Ray process behind (each case gets its own Ray temp dir, so only its own processes are counted),
+3. leave no Ray process behind,
 4. leave no MLflow run RUNNING.
 
-Most cases fail at config load, long before any Ray work; `starts_ray` marks the few that fail inside a
-running cluster, and the others are checked never to have started one.
+Most cases fail at config load, long before any Ray work: they run in this process, and are checked never to
+reach Ray at all. A representative few (`THROUGH_THE_CLI`) run as a real `fedvlp` process with a private Ray
+temp dir, so only their own Ray processes are counted; `starts_ray` marks those that fail inside a running
+cluster, and the others are checked never to have started one.
 """
 from __future__ import annotations
 
@@ -28,7 +30,7 @@ import pytest
 from test_readers import COLOURS, coco_json, voc_tree, write_image, write_json, write_text
 
 REPO = Path(__file__).resolve().parent.parent
-QUICKSTART = REPO / "configs" / "quickstart.yaml"
+QUICKSTART = REPO / "fedvlp" / "configs" / "quickstart.yaml"
 # Small enough that a case reaching the cluster stays cheap.
 SMALL = ("data.num_train=64", "data.num_test=32", "federation.clients=2", "resources.workers=1",
          "data.feature_cache=false")
@@ -59,7 +61,7 @@ def config_file(text: str) -> Callable[[Path], list[str]]:
 def space_file(body: dict) -> Callable[[Path], list[str]]:
     """`fedvlp sweep` of a space on the quickstart config."""
     def build(tmp: Path) -> list[str]:
-        space = {"base": str(QUICKSTART), "metric": "test_mAP", **body}
+        space = {"base": str(QUICKSTART), "metric": "val_mAP", **body}
         return ["sweep", str(write_text(tmp / "space.yaml", json.dumps(space)))]   # JSON is YAML
     return build
 
@@ -149,7 +151,13 @@ CASES = [
     case("unknown-missing-type", run_with("data.missing_type=audio"),
          "data.missing_type: expected one of 'text', 'image', 'both', got 'audio'"),
     case("seed-negative", run_with("seed=-1"), "seed: expected a value >= 0, got -1"),
-    case("unknown-dataset", run_with("data.name=imagenet"), "data.name: expected one of 'synthetic-scenes'"),
+    case("unknown-dataset", run_with("data.name=imagenet"), "data.name: unknown dataset 'imagenet'",
+         "synthetic-scenes"),
+    case("unknown-partitioner", run_with("federation.partition=kmeans"), "federation.partition: unknown partitioner"),
+    case("unknown-server-rule", run_with("server.rules={'': fedadma}"), "server.rules: unknown server rule 'fedadma'"),
+    case("plugin-that-does-not-import", run_with("plugins=[no_such_module_xyz]"),
+         "plugins: cannot import 'no_such_module_xyz' (ModuleNotFoundError"),
+    case("dataset-option-unknown", run_with("data.options={top_k: 3}"), "data.options: takes no options"),
     case("method-param-wrong-type", run_with("method.lr=fast"), "method.lr: expected a number, got 'fast'"),
     case("unknown-dotted-key", run_with("federation.bogus=1"), "federation.bogus: unknown key", "expected one of"),
     case("override-without-value", run_with("federation.rounds"), "--set federation.rounds: expected KEY=VALUE"),
@@ -215,12 +223,19 @@ CASES = [
          "space.yaml: mode: expected max or min, got 'maximize'"),
     case("space-unknown-scheduler", space_file({"space": {"seed": {"grid": [0]}}, "scheduler": {"type": "pbt"}}),
          "space.yaml: scheduler: expected {type: none} or {type: asha"),
+    case("space-selects-on-test", space_file({"space": {"seed": {"grid": [0]}}, "metric": "test_mAP"}),
+         "space.yaml: metric: expected a val_* metric", "got 'test_mAP'"),
+    case("tune-on-a-test-metric", lambda tmp: ["tune", "quickstart", "--budget", "2", "--metric", "test_mAP"],
+         "--metric: expected a val_* metric", "got 'test_mAP'"),
+    case("tune-zero-budget", lambda tmp: ["tune", "quickstart", "--budget", "0"], "--budget: expected an integer >= 1"),
+    case("tune-nothing-to-tune", lambda tmp: ["tune", "zeroshot_scenes", "--budget", "2"],
+         "method.name: zeroshot declares no tunable hyper-parameters"),
     case("space-without-metric", lambda tmp: ["sweep", str(write_text(
         tmp / "space.yaml", json.dumps({"base": str(QUICKSTART), "space": {"seed": {"grid": [0]}}})))],
          "space.yaml: metric: expected a value (required)"),
     case("space-base-missing", lambda tmp: ["sweep", str(write_text(
         tmp / "space.yaml", json.dumps({"base": "nope.yaml", "metric": "m", "space": {"seed": {"grid": [0]}}})))],
-         "space.yaml: base: {tmp}/nope.yaml not found", "expected a run config file"),
+         "space.yaml: base: nope.yaml not found", "expected a run config file"),
 ]
 
 
@@ -266,12 +281,56 @@ def running_runs(db: Path) -> list[str]:
     return [r.info.run_id for r in runs]
 
 
-@pytest.mark.timeout(180)
+THROUGH_THE_CLI = {"unknown-method", "voc-xml-missing-name", "corrupt-image", "more-gpus-than-the-machine",
+                   "mlflow-unreachable-env", "resume-unknown-run", "space-unknown-dotted-key"}
+
+
 @pytest.mark.parametrize("bad", CASES, ids=[c.id for c in CASES])
-def test_bad_input_is_one_clear_line(bad: Case, tmp_path, empty_store):
+def test_bad_input_is_one_clear_line(bad: Case, tmp_path, empty_store, monkeypatch, capsys, request):
+    if bad.starts_ray:
+        request.getfixturevalue("tiny_clip")  # it reaches the workers, which load the tiny CLIP
     shutil.copy(empty_store, tmp_path / "mlflow.db")
     argv = bad.argv(tmp_path)
-    # A short private Ray temp dir (socket paths are limited to 107 bytes) marks this case's Ray processes.
+    if bad.id in THROUGH_THE_CLI:
+        code, stderr, leftover, ray_started = _through_the_cli(bad, argv, tmp_path)
+    else:
+        code, stderr, leftover, ray_started = _in_process(bad, argv, tmp_path, monkeypatch, capsys)
+    lines = [line for line in stderr.splitlines() if line.strip()]
+    last = lines[-1] if lines else ""
+    context = f"argv={argv}\nstderr:\n{stderr[-3000:]}"
+    assert code != 0, context
+    assert last.startswith(ERROR_PREFIX), context
+    assert "Traceback" not in stderr, context
+    for part in bad.expect:
+        assert part.replace("{tmp}", str(tmp_path)) in last, f"{part!r} not in the error line\n{context}"
+    assert not leftover, f"Ray processes left behind: {leftover}\n{context}"
+    assert ray_started == bad.starts_ray, f"Ray {'did not start' if bad.starts_ray else 'started'}\n{context}"
+    assert running_runs(tmp_path / "mlflow.db") == [], context
+
+
+def _in_process(bad: Case, argv: list[str], tmp_path: Path, monkeypatch, capsys):
+    """`main(argv)` here, with the case's environment; reaching Ray at all fails the case."""
+    from fedvlp.cli import main
+    from fedvlp.platform import engine
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", tracking_uri(tmp_path))
+    for key, value in bad.env:
+        monkeypatch.setenv(key, value)
+    reached = []
+
+    def no_ray(*args, **kwargs):
+        reached.append(True)
+        raise AssertionError("this bad input reached Ray")
+
+    monkeypatch.setattr(engine, "ensure_ray", no_ray)
+    capsys.readouterr()
+    code = main(argv)
+    return code, capsys.readouterr().err, [], bool(reached)
+
+
+def _through_the_cli(bad: Case, argv: list[str], tmp_path: Path):
+    """A real `fedvlp` process with a short private Ray temp dir that marks this case's Ray processes."""
     ray_dir = tempfile.mkdtemp(prefix="fvray", dir="/tmp")
     env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "MLFLOW_TRACKING_URI")}
     env.update(HF_HUB_OFFLINE="1", PYTHONPATH=str(REPO), RAY_TMPDIR=ray_dir, MLFLOW_TRACKING_URI=tracking_uri(tmp_path),
@@ -289,19 +348,9 @@ def test_bad_input_is_one_clear_line(bad: Case, tmp_path, empty_store):
         for process in ray_processes(ray_dir):   # never leak them into the next case, even on failure
             process.kill()
         shutil.rmtree(ray_dir, ignore_errors=True)
-
-    lines = [line for line in proc.stderr.splitlines() if line.strip()]
-    last = lines[-1] if lines else ""
-    context = f"argv={argv}\nstderr:\n{proc.stderr[-3000:]}"
-    assert proc.returncode != 0, context
-    assert last.startswith(ERROR_PREFIX), context
-    assert "Traceback" not in proc.stderr, context
-    for part in bad.expect:
-        assert part.replace("{tmp}", str(tmp_path)) in last, f"{part!r} not in the error line\n{context}"
-    assert not leftover, f"Ray processes left behind: {leftover}\n{context}"
-    assert ray_started == bad.starts_ray, f"Ray {'did not start' if bad.starts_ray else 'started'}\n{context}"
-    assert running_runs(tmp_path / "mlflow.db") == [], context
+    return proc.returncode, proc.stderr, leftover, ray_started
 
 
 def test_enough_cases():
     assert len(CASES) >= 28 and len({c.id for c in CASES}) == len(CASES)
+    assert THROUGH_THE_CLI <= {c.id for c in CASES}

@@ -27,7 +27,7 @@ def world():
 def build(world, *overrides):
     from fedvlp.platform.worker import build_method
 
-    return build_method(load_spec("configs/fedmpt_scenes.yaml", list(overrides)), world["backbone"], world["task"])
+    return build_method(load_spec("fedmpt_scenes", list(overrides)), world["backbone"], world["task"])
 
 
 def test_condition_prompts_with_word_context_equal_the_plain_text_encoder(world):
@@ -89,17 +89,17 @@ def test_fedmpt_learns_beyond_its_starting_point_deterministically(world):
 def test_conditions_come_inline_or_from_a_file(tmp_path):
     path = tmp_path / "conditions.txt"
     path.write_text("indoor scene\n\nwooden texture\n")
-    spec = load_spec("configs/fedmpt_scenes.yaml", [f"method.conditions_file={path}"])
+    spec = load_spec("fedmpt_scenes", [f"method.conditions_file={path}"])
     assert spec.method.params.conditions == ("indoor scene", "wooden texture")
     with pytest.raises(ConfigError, match=r"method\.conditions_file: cannot read"):
-        load_spec("configs/fedmpt_scenes.yaml", [f"method.conditions_file={tmp_path / 'nope.txt'}"])
+        load_spec("fedmpt_scenes", [f"method.conditions_file={tmp_path / 'nope.txt'}"])
     with pytest.raises(ConfigError, match=r"method\.conditions: expected at least one condition"):
-        load_spec("configs/fedmpt_scenes.yaml", ["method.conditions=[]"])
+        load_spec("fedmpt_scenes", ["method.conditions=[]"])
 
 
 @pytest.mark.parametrize("dataset", ["voc2007", "coco2014", "nuswide"])
 def test_paper_configs_load(dataset, tmp_path):
-    spec = load_spec(f"configs/fedmpt_{dataset}.yaml", [f"data.root={tmp_path}"])
+    spec = load_spec(f"fedmpt_{dataset}", [f"data.root={tmp_path}"])
     p = spec.method.params
     assert (p.ot_epsilon, p.tau, p.n_cond_ctx, p.n_cls_ctx, p.adapter_rank, p.lr) == (0.2, 4.0, 4, 4, 32, 1e-3)
     assert spec.backbone.name == "ViT-B-16" and spec.backbone.pretrained == "openai"
@@ -108,7 +108,7 @@ def test_paper_configs_load(dataset, tmp_path):
 @pytest.mark.parametrize("method", ["dualcoop", "fedotp", "fedtpg", "promptfl", "zeroshot"])
 @pytest.mark.parametrize("dataset", ["voc2007", "coco2014", "nuswide"])
 def test_baseline_paper_configs_load(method, dataset, tmp_path):
-    spec = load_spec(f"configs/{method}_{dataset}.yaml", [f"data.root={tmp_path}"])
+    spec = load_spec(f"{method}_{dataset}", [f"data.root={tmp_path}"])
     assert (spec.method.name, spec.data.name, spec.backbone.name) == (method, dataset, "ViT-B-16")
     if method == "dualcoop":
         p = spec.method.params

@@ -199,7 +199,7 @@ def test_macro_f1_over_classes_in_labels_or_predictions() -> None:
 
 
 def test_matches_sklearn_on_random_data() -> None:
-    skm = pytest.importorskip("sklearn.metrics")
+    import sklearn.metrics as skm  # a hard test dependency: the only outside check of the metrics
     rng = np.random.default_rng(0)
     n, c = 200, 7
     logits = np.round(rng.normal(size=(n, c)), 1)  # rounding creates many ties
@@ -248,3 +248,28 @@ def test_map_is_fast_at_coco_scale() -> None:
     start = time.perf_counter()
     multilabel_metrics(scores, targets)
     assert time.perf_counter() - start < 2.0
+
+
+def test_cooccurring_pairs_are_those_above_independence() -> None:
+    from fedvlp.platform.metrics import cooccurring_pairs
+
+    # classes 0 and 1 always together, 2 alone: lift(0, 1) = 2 > 1, lift(0, 2) = 0
+    labels = np.array([[1, 1, 0], [1, 1, 0], [0, 0, 1], [0, 0, 1]])
+    assert cooccurring_pairs(labels).tolist() == [[False, True, False], [True, False, False], [False, False, False]]
+
+
+def test_hallucination_gap_by_hand() -> None:
+    """Absent classes that co-occur in training with a present one vs the other absent classes."""
+    from fedvlp.platform.metrics import hallucination_gap
+
+    pairs = np.array([[False, True, False], [True, False, False], [False, False, False]])
+    targets = np.array([[1, 0, 0], [0, 0, 1], [0, 1, -1]])
+    # sample 0: class 1 is tempting (co-occurs with 0), class 2 is other; sample 1: 0 and 1 are other;
+    # sample 2: class 1 present, class 0 tempting, class 2 unknown (ignored)
+    logits = np.array([[0.0, 2.0, -2.0], [1.0, -1.0, 0.0], [3.0, 0.0, 9.0]])
+    sig = lambda x: 1 / (1 + np.exp(-x))  # noqa: E731
+    tempting = np.mean([sig(2.0), sig(3.0)])
+    other = np.mean([sig(-2.0), sig(1.0), sig(-1.0)])
+    assert hallucination_gap(logits, targets, pairs) == pytest.approx(tempting - other, abs=1e-12)
+    assert np.isnan(hallucination_gap(logits, targets, np.zeros((3, 3), bool)))  # no tempting class at all
+    assert multilabel_metrics(logits, targets, cooccurring=pairs)["hallucination_gap"] == pytest.approx(tempting - other)

@@ -357,13 +357,14 @@ IMDB_TRAIN = {   # id -> genres
 }
 IMDB_TEST = {"s1": ["Horror"], "s2": ["Drama"], "s3": ["Comedy", "Drama"], "s4": ["Sport"],
              "s5": ["Action"], "s6": ["Western"]}
+IMDB_DEV = {"d1": ["War"], "d2": ["Horror", "Drama"], "d3": ["Western"]}
 
 
 @pytest.fixture
 def imdb_root(tmp_path):
     root = tmp_path / "imdb"
-    write_json(root / "split.json", {"train": list(IMDB_TRAIN), "dev": ["d1"], "test": list(IMDB_TEST)})
-    for j, (movie, genres) in enumerate({**IMDB_TRAIN, **IMDB_TEST}.items()):
+    write_json(root / "split.json", {"train": list(IMDB_TRAIN), "dev": list(IMDB_DEV), "test": list(IMDB_TEST)})
+    for j, (movie, genres) in enumerate({**IMDB_TRAIN, **IMDB_TEST, **IMDB_DEV}.items()):
         write_json(root / "dataset" / f"{movie}.json",
                    {"title": movie, "genres": genres, "plot": [f"plot of {movie}", "second plot"]})
         write_image(root / "dataset" / f"{movie}.jpeg", COLOURS[j % len(COLOURS)], size=(12, 18))
@@ -382,6 +383,7 @@ def test_mmimdb_multilabel(imdb_root):
     assert ds.train.texts[0] == "plot of t01" and ds.test.texts == tuple(f"plot of {m}" for m in IMDB_TEST)
     assert ds.test.images.paths[4] == str(imdb_root / "dataset" / "s5.jpeg")
     np.testing.assert_allclose(colour_of(ds.train.images.load([1], 9)), [COLOURS[1]], atol=4)
+    assert ds.val.texts == tuple(f"plot of {m}" for m in IMDB_DEV)  # val is the official dev split
 
 
 def test_mmimdb_fedprime_protocol(imdb_root):
@@ -397,8 +399,23 @@ def test_mmimdb_fedprime_protocol(imdb_root):
     np.testing.assert_array_equal(ds.test.labels, [0, 4, 3, 2])
     assert ds.test.texts == ("plot of s1", "plot of s2", "plot of s5", "plot of s6")
     assert Path(ds.test.images.paths[2]).name == "s5.jpeg"
+    np.testing.assert_array_equal(ds.val.labels, [1, 2])  # dev: the single-genre War and Western movies
     with pytest.raises(ConfigError):
         read_mmimdb(imdb_root, protocol="single")
+
+
+def test_readers_are_registered_with_their_options(food_root, imdb_root):
+    from fedvlp.config import load_spec
+    from fedvlp.data import load_dataset
+
+    spec = load_spec("fedprime_food101", [f"data.root={food_root}", "data.options={top_k: 2}"])
+    assert spec.data.options.top_k == 2 and len(load_dataset(spec).class_names) == 2
+    spec = load_spec("fedprime_mmimdb", [f"data.root={imdb_root}"])
+    assert load_dataset(spec).val.labels.tolist() == [1, 2]
+    with pytest.raises(ConfigError, match=r"data\.options\.top_k: expected a value >= 1, got 0"):
+        load_spec("fedprime_food101", [f"data.root={food_root}", "data.options={top_k: 0}"])
+    with pytest.raises(ConfigError, match=r"data\.options\.bogus: unknown key"):
+        load_spec("fedprime_mmimdb", [f"data.root={imdb_root}", "data.options={bogus: 1}"])
 
 
 def test_mmimdb_movie_missing_plot(imdb_root):

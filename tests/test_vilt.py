@@ -158,7 +158,7 @@ def test_real_vilt_fails_offline_with_one_line_that_says_how(monkeypatch, tmp_pa
     from fedvlp.config import load_spec
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    run = load_spec("configs/fedprime_recipes.yaml", ["backbone.name=dandelin/vilt-b32-mlm"])
+    run = load_spec("fedprime_recipes", ["backbone.name=dandelin/vilt-b32-mlm"])
     with pytest.raises(BackboneError) as err:
         load_backbone(run)
     assert "\n" not in str(err.value) and "dandelin/vilt-b32-mlm" in str(err.value)
