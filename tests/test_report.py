@@ -1,4 +1,5 @@
-"""`fedvlp report` on a real sqlite MLflow store holding a small hand-made sweep with hand-checkable numbers."""
+"""`fedvlp report` on a real sqlite MLflow store holding a small hand-made sweep with hand-checkable numbers;
+intervals checked against scipy.stats."""
 import csv
 import math
 import time
@@ -8,10 +9,12 @@ from mlflow import MlflowClient
 from mlflow.entities import Metric, Param
 
 from fedvlp.errors import FedvlpError
-from fedvlp.platform.report import curves_vs_key, curves_vs_round, make_report, plot_vs_key, summarise
+from scipy import stats
 
-S2 = math.sqrt(2)  # sample std of two values a, b is |a - b| / sqrt(2)
-# final test_mAP per (method, heterogeneity): (seed 0, seed 1)
+from fedvlp.platform.report import curves_vs_key, curves_vs_round, interval, make_report, plot_vs_key, summarise
+
+T2 = stats.t.ppf(0.975, 1)  # Student t, 2 seeds: the 95 % half-width of a, b is T2 * |a - b| / 2
+# final val_mAP per (method, heterogeneity): (seed 0, seed 1); test_mAP is 0.01 lower throughout
 FINAL = {
     ("promptfl", 0.0): (0.60, 0.64), ("promptfl", 0.5): (0.50, 0.52), ("promptfl", 1.0): (0.40, 0.40),
     ("fedmpt", 0.0): (0.70, 0.72), ("fedmpt", 0.5): (0.66, 0.70), ("fedmpt", 1.0): (0.60, 0.66),
@@ -33,8 +36,8 @@ def _trial(client, exp_id, parent_id, method, h, seed, final, rounds=3, status="
     now = int(time.time() * 1000)
     curve = [0.3, final - 0.1, final - 0.05, final][: rounds + 1]
     curve[-1] = final
-    metrics = [Metric("test_mAP", v, now, step) for step, v in enumerate(curve)]
-    metrics += [Metric("test_CF1", v / 2, now, step) for step, v in enumerate(curve)]
+    metrics = [Metric("val_mAP", v, now, step) for step, v in enumerate(curve)]
+    metrics += [Metric("test_mAP", v - 0.01, now, step) for step, v in enumerate(curve)]
     metrics += [Metric("trainable_params", TRAINABLE[method], now, 0), Metric("startup_seconds", 7.0, now, 0)]
     for step in range(1, rounds + 1):
         metrics += [Metric("bytes_up", BYTES_UP[method][step - 1], now, step),
@@ -50,8 +53,8 @@ def sweep(tracking_uri):
     client = MlflowClient(tracking_uri)
     exp_id = client.create_experiment("sweep-heterogeneity")
     parent = client.create_run(exp_id, run_name="sweep", tags={
-        "fedvlp.role": "sweep", "sweep": "sweep-heterogeneity", "metric": "test_mAP", "mode": "max",
-        "swept_keys": "federation.heterogeneity,method.name"}).info.run_id
+        "fedvlp.role": "sweep", "sweep": "sweep-heterogeneity", "metric": "val_mAP", "mode": "max",
+        "reference": "promptfl", "swept_keys": "federation.heterogeneity,method.name"}).info.run_id
     for (method, h), finals in FINAL.items():
         for seed, final in enumerate(finals):
             _trial(client, exp_id, parent, method, h, seed, final)
@@ -67,28 +70,50 @@ def _csv(path):
         return list(csv.DictReader(f))
 
 
+def test_intervals_match_scipy():
+    rng = __import__("numpy").random.default_rng(0)
+    for n in (2, 3, 5, 10):
+        xs = rng.normal(0.5, 0.1, n)
+        low, high = stats.t.interval(0.95, n - 1, loc=xs.mean(), scale=stats.sem(xs))
+        mean, half, count = interval(xs)
+        assert count == n and mean == pytest.approx(xs.mean()) and half == pytest.approx((high - low) / 2, rel=1e-12)
+    assert math.isnan(interval([0.3])[1]) and interval([0.3])[0] == 0.3  # one seed: no interval
+
+
 def test_report_tables_plots_and_artifacts(sweep, tracking_uri, tmp_path):
     client, parent = sweep
     files = make_report(tracking_uri, "sweep-heterogeneity", tmp_path / "report")
-    assert set(files) == {"summary.csv", "summary.md", "by_method.csv", "by_method.md",
-                          "test_mAP_vs_federation.heterogeneity.png", "test_mAP_vs_round.png"}
+    assert set(files) == {"summary.csv", "summary.md", "by_method.csv", "by_method.md", "val_mAP_vs_round.png",
+                          "val_mAP_vs_federation.heterogeneity.png", "test_mAP_vs_federation.heterogeneity.png",
+                          "val_mAP_difference_vs_federation.heterogeneity.png",
+                          "test_mAP_difference_vs_federation.heterogeneity.png"}
 
-    summary = {(r["method"], float(r["federation.heterogeneity"])): r for r in _csv(files["summary.csv"])}
-    assert set(summary) == set(FINAL)
-    expected_std = {("promptfl", 0.0): 0.04 / S2, ("promptfl", 0.5): 0.02 / S2, ("promptfl", 1.0): 0.0,
-                    ("fedmpt", 0.0): 0.02 / S2, ("fedmpt", 0.5): 0.04 / S2, ("fedmpt", 1.0): 0.06 / S2}
+    rows = _csv(files["summary.csv"])
+    summary = {(r["method"], float(r["federation.heterogeneity"])): r for r in rows if r["metric"] == "val_mAP"}
+    tests = {(r["method"], float(r["federation.heterogeneity"])): r for r in rows if r["metric"] == "test_mAP"}
+    assert set(summary) == set(FINAL) == set(tests)
     for cell, (a, b) in FINAL.items():
         assert float(summary[cell]["mean"]) == pytest.approx((a + b) / 2)
-        assert float(summary[cell]["std"]) == pytest.approx(expected_std[cell], abs=1e-12)
+        assert float(tests[cell]["mean"]) == pytest.approx((a + b) / 2 - 0.01)
+        assert float(summary[cell]["ci95"]) == pytest.approx(T2 * abs(a - b) / 2, abs=1e-12) if a != b else True
         assert summary[cell]["n"] == "2"  # the FAILED and the stopped-early seed 2 are not counted
+    # paired differences against promptfl, over the same seeds: fedmpt - promptfl per seed
+    for h in (0.0, 0.5, 1.0):
+        (m0, m1), (p0, p1) = FINAL[("fedmpt", h)], FINAL[("promptfl", h)]
+        mean, half, _ = interval([m0 - p0, m1 - p1])
+        assert float(summary[("fedmpt", h)]["diff"]) == pytest.approx(mean)
+        assert float(summary[("fedmpt", h)]["diff_ci95"]) == pytest.approx(half)
+        assert summary[("fedmpt", h)]["significant"] == str(abs(mean) > half)
+    # h = 0: +0.10, +0.08: with two seeds t = 12.7, so 0.09 +- 0.127 holds 0 (n.s.); h = 0.5: +0.16, +0.18
+    assert summary[("fedmpt", 0.0)]["significant"] == "False" and summary[("fedmpt", 0.5)]["significant"] == "True"
 
-    table = {r["method"]: r for r in _csv(files["by_method.csv"])}
+    table = {r["method"]: r for r in _csv(files["by_method.csv"]) if r["metric"] == "val_mAP"}
     # promptfl cell means 0.62, 0.51, 0.40; per-seed sweep means 0.50 and 0.52
     assert float(table["promptfl"]["mean"]) == pytest.approx(0.51)
-    assert float(table["promptfl"]["std"]) == pytest.approx(0.02 / S2)
+    assert float(table["promptfl"]["ci95"]) == pytest.approx(T2 * 0.02 / 2)
     # fedmpt cell means 0.71, 0.68, 0.63; per-seed sweep means 1.96/3 and 2.08/3
     assert float(table["fedmpt"]["mean"]) == pytest.approx(2.02 / 3)
-    assert float(table["fedmpt"]["std"]) == pytest.approx(0.12 / 3 / S2)
+    assert float(table["fedmpt"]["ci95"]) == pytest.approx(T2 * 0.12 / 3 / 2)
     assert float(table["promptfl"]["trainable_params"]) == 514 and float(table["fedmpt"]["trainable_params"]) == 1000
     assert float(table["promptfl"]["bytes_up_per_client_round"]) == pytest.approx(10280 / 5)
     assert float(table["fedmpt"]["bytes_up_per_client_round"]) == pytest.approx(4000)
@@ -98,16 +123,31 @@ def test_report_tables_plots_and_artifacts(sweep, tracking_uri, tmp_path):
 
     md = files["summary.md"].read_text()
     assert "12 of 14 trials counted" in md and "1 FAILED" in md and "1 stopped early" in md
-    assert "0.6200 ± 0.0283" in md and "heterogeneity t" in md
+    assert f"0.6200 ± {T2 * 0.02:.4f}" in md and "heterogeneity t" in md and "selected on val_mAP" in md
+    assert "(n.s.)" in md.split("| fedmpt | 0 |")[1].splitlines()[0]
+    assert "(n.s.)" not in md.split("| fedmpt | 0.5 |")[1].splitlines()[0]
     by_md = files["by_method.md"].read_text()
-    assert "**0.6733 ± 0.0283**" in by_md and "2.0 KB" in by_md and "514" in by_md
+    assert f"**0.6733 ± {T2 * 0.02:.4f}**" in by_md and "2.0 KB" in by_md and "514" in by_md
 
-    for name in ("test_mAP_vs_federation.heterogeneity.png", "test_mAP_vs_round.png"):
-        data = files[name].read_bytes()
-        assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000
+    for name in files:
+        if name.endswith(".png"):
+            data = files[name].read_bytes()
+            assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000
 
     logged = {a.path for a in client.list_artifacts(parent, "report")}
     assert logged == {f"report/{name}" for name in files}
+    metrics = client.get_run(parent).data.metrics  # the parent run carries the summary
+    assert metrics["fedmpt/heterogeneity_0.5/val_mAP_mean"] == pytest.approx(0.68)
+    assert metrics["fedmpt/heterogeneity_0.5/test_mAP_diff"] == pytest.approx(0.17)
+
+
+def test_a_difference_whose_interval_holds_zero_is_not_significant():
+    rows = [{"method": m, "seed": str(s), "swept": {}, "final": {"val_mAP": v}, "history": {}}
+            for m, values in (("ref", (0.50, 0.60, 0.55)), ("a", (0.52, 0.58, 0.57)), ("b", (0.60, 0.70, 0.66)))
+            for s, v in enumerate(values)]
+    cells = {c["method"]: c for c in summarise(rows, "val_mAP", [], reference="ref")}
+    assert cells["a"]["significant"] is False and cells["b"]["significant"] is True  # +0.02 +-: ns; +0.1 +- small
+    assert "diff" not in cells["ref"]
 
 
 def test_round_curve_averages_sweep_then_seeds(sweep, tracking_uri):
@@ -115,21 +155,22 @@ def test_round_curve_averages_sweep_then_seeds(sweep, tracking_uri):
 
     client, parent = sweep
     exp_id, _ = find_sweep(client, "sweep-heterogeneity", tracking_uri)
-    rows = collect(client, exp_id, parent, "test_mAP", ["federation.heterogeneity"])
-    xs, mean, std = curves_vs_round(rows)["promptfl"]
+    rows = collect(client, exp_id, parent, ["val_mAP"], ["federation.heterogeneity"])
+    xs, mean, half = curves_vs_round(rows, "val_mAP")["promptfl"]
     assert xs == [0.0, 1.0, 2.0, 3.0]
-    assert mean[0] == pytest.approx(0.3) and std[0] == pytest.approx(0.0, abs=1e-12)
-    assert mean[3] == pytest.approx(0.51) and std[3] == pytest.approx(0.02 / S2)
+    assert mean[0] == pytest.approx(0.3) and half[0] == pytest.approx(0.0, abs=1e-12)
+    assert mean[3] == pytest.approx(0.51) and half[3] == pytest.approx(T2 * 0.02 / 2)
     assert mean[1] == pytest.approx(0.41)
 
 
 def test_categorical_swept_value_plots_as_categories(tmp_path):
-    rows = [{"method": m, "seed": str(s), "swept": {"data.missing_type": t}, "final": 0.5 + 0.1 * i + 0.01 * s,
-             "history": {}} for i, t in enumerate(["text", "image", "both"]) for m in ("a", "b") for s in (0, 1)]
-    cells = summarise(rows, ["data.missing_type"])
+    rows = [{"method": m, "seed": str(s), "swept": {"data.missing_type": t},
+             "final": {"val_accuracy": 0.5 + 0.1 * i + 0.01 * s}, "history": {}}
+            for i, t in enumerate(["text", "image", "both"]) for m in ("a", "b") for s in (0, 1)]
+    cells = summarise(rows, "val_accuracy", ["data.missing_type"])
     assert [c["data.missing_type"] for c in cells[:3]] == ["both", "image", "text"]
-    path = plot_vs_key(curves_vs_key(rows, "data.missing_type"), "data.missing_type", "test_accuracy",
-                       "categorical", tmp_path / "cat.png")
+    path = plot_vs_key(curves_vs_key(rows, "val_accuracy", "data.missing_type"), "data.missing_type",
+                       "val_accuracy", "categorical", tmp_path / "cat.png")
     assert path.read_bytes()[:4] == b"\x89PNG"
 
 

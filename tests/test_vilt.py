@@ -117,13 +117,6 @@ def test_layer_prompts_accumulate_and_only_they_and_the_input_get_gradients(back
         backbone.encode(hidden, mask, {4: shared})
 
 
-def test_pretrained_tiny_vilt_beats_its_untrained_self(tiny_vilt):
-    # Measured once by the pretraining run (README "The tiny ViLT"): image-text matching on held-out
-    # pretraining pairs (chance 0.5) and the linear probe on the pooled pair, before vs after training.
-    assert tiny_vilt["itm_accuracy"] > 0.57
-    assert tiny_vilt["probe_full"] > tiny_vilt["probe_untrained_full"] + 0.03
-
-
 def test_pretrained_pooled_feature_probes_better_than_a_random_init(tiny_vilt):
     from fedvlp.backbones.pretrain_vilt import probe_accuracies
 
