@@ -27,10 +27,10 @@ import tempfile
 import time
 from pathlib import Path
 
+import _common as common
 import numpy as np
 import torch
 
-import _common as common
 from fedvlp.backbones import load_backbone, prepare_backbone
 from fedvlp.data import prepare_data
 from fedvlp.data.feature_cache import FeatureCache

@@ -49,10 +49,10 @@ import os
 import time
 from collections import defaultdict
 
+import _common as common
 import numpy as np
 import torch
 
-import _common as common
 from fedvlp.backbones import load_backbone, prepare_backbone
 from fedvlp.data import prepare_data
 from fedvlp.methods.base import ClientData, Task

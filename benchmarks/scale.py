@@ -39,11 +39,10 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
+import _common as common
 import numpy as np
 import psutil
 import torch
-
-import _common as common
 
 COHORT = 10
 TARGET_SPREAD = 0.15

@@ -63,8 +63,8 @@ def main() -> None:
         if round_index == 1 or round_index % args.every == 0:
             processes = run_processes()
             samples[round_index] = {name: p.memory_info().rss / MB for name, p in processes.items()}
-            print(f"round {round_index:4d}  " + "  ".join(f"{n} {mb:7.1f} MB" for n, mb in samples[round_index].items()),
-                  flush=True)
+            sizes = "  ".join(f"{n} {mb:7.1f} MB" for n, mb in samples[round_index].items())
+            print(f"round {round_index:4d}  " + sizes, flush=True)
 
     tic = time.perf_counter()
     run_federated(spec, progress=False, on_round=on_round)

@@ -26,7 +26,8 @@ def _add_overrides(parser: argparse.ArgumentParser, help: str) -> None:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="fedvlp", description=HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(prog="fedvlp", description=HELP,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     run = commands.add_parser("run", help="run one federated experiment and log it to MLflow",
@@ -95,7 +96,8 @@ def _parser() -> argparse.ArgumentParser:
     _add_overrides(stats, "override a dotted config key (repeatable)")
     stats.add_argument("--plot", metavar="PNG", help="also save a client x class count heatmap")
 
-    listing = commands.add_parser("list", help="what can be named: configs, spaces, methods, datasets, partitioners, rules",
+    listing = commands.add_parser("list", help="what can be named: configs, spaces, methods, datasets, partitioners, "
+                                               "rules",
                                   description="List the shipped configs and search spaces, or the registered methods "
                                               "(with their tunable hyper-parameters), datasets (with their options), "
                                               "partitioners and server rules, plugins included.")

@@ -68,10 +68,12 @@ class DataSpec:
                                           "the training data split off as val, by the seed", gt=0, lt=1)
     holdout_fraction: float = spec_field(0.1, "real datasets: the fraction of the training data split off as the "
                                               "held-out pool of the clients' local test sets", ge=0, lt=1)
-    label_mask: float = spec_field(0.0, "multi-label: each training annotation is hidden with this probability", ge=0, lt=1)
+    label_mask: float = spec_field(
+        0.0, "multi-label: each training annotation is hidden with this probability", ge=0, lt=1)
     mask_as: Literal["unknown", "negative"] = spec_field(
         "unknown", "a hidden label is unknown (-1, ignored by the loss) or dropped to negative")
-    missing_rate: float = spec_field(0.0, "image+text: fraction eta of training samples that lose a modality", ge=0, le=1)
+    missing_rate: float = spec_field(
+        0.0, "image+text: fraction eta of training samples that lose a modality", ge=0, le=1)
     missing_type: Literal["text", "image", "both"] = spec_field(
         "both", "which modality they lose; 'both': half lose the image, half the text")
     missing_client_skew: float = spec_field(
@@ -82,8 +84,10 @@ class DataSpec:
 @dataclass(frozen=True)
 class VirtualClockSpec:
     """Simulated device speeds (FedScale's virtual clock): stragglers without waiting on wall-clock time."""
-    enabled: bool = spec_field(False, "give each client a simulated completion time; round_deadline_s is then simulated")
-    seconds_per_sample: float = spec_field(0.02, "compute seconds of the median device per training sample and epoch", gt=0)
+    enabled: bool = spec_field(
+        False, "give each client a simulated completion time; round_deadline_s is then simulated")
+    seconds_per_sample: float = spec_field(
+        0.02, "compute seconds of the median device per training sample and epoch", gt=0)
     uplink_mbps: float = spec_field(10.0, "upload bandwidth of the median device, megabits per second", gt=0)
     speed_spread: float = spec_field(
         0.5, "sigma of the log-normal spread of device compute speed and bandwidth across clients (0: all equal)", ge=0)
@@ -92,12 +96,14 @@ class VirtualClockSpec:
 @dataclass(frozen=True)
 class FederationSpec:
     clients: int = spec_field(10, "number of virtual clients N", ge=1)
-    participation: float = spec_field(1.0, "fraction rho of clients sampled per round, max(1, round(rho*N))", gt=0, le=1)
+    participation: float = spec_field(
+        1.0, "fraction rho of clients sampled per round, max(1, round(rho*N))", gt=0, le=1)
     partition: str = spec_field(
         "auto", "client split, by registered name (fedvlp list partitioners): auto = heterogeneity for "
         "multi-label data, dirichlet for single-label")
     partition_options: dict[str, Any] = spec_field({}, "a plugin partitioner's own options")
-    heterogeneity: float = spec_field(0.5, "label skew t: 0 = IID, 1 = one co-occurrence pattern per client", ge=0, le=1)
+    heterogeneity: float = spec_field(
+        0.5, "label skew t: 0 = IID, 1 = one co-occurrence pattern per client", ge=0, le=1)
     dirichlet_alpha: float = spec_field(0.5, "single-label skew: per class, client shares ~ Dir(alpha)", gt=0)
     rounds: int = spec_field(5, "federated rounds", ge=1)
     eval_every: int = spec_field(1, "evaluate the global model every this many rounds (and after the last)", ge=1)
@@ -129,7 +135,8 @@ class ResourcesSpec:
     coordinator_cpus: float = spec_field(0.5, "CPUs reserved for the coordinator actor", gt=0)
     round_timeout_s: float = spec_field(
         600.0, "a client update still out after this is dropped as hung and its worker replaced", gt=0)
-    startup_timeout_s: float = spec_field(600.0, "workers that have not loaded backbone and data by then fail loudly", gt=0)
+    startup_timeout_s: float = spec_field(
+        600.0, "workers that have not loaded backbone and data by then fail loudly", gt=0)
     placement_timeout_s: float = spec_field(60.0, "fail if the run's actors cannot be placed within this", gt=0)
     client_state_memory_mb: float = spec_field(
         1024.0, "client-local states the coordinator keeps in memory; the rest spill to disk under output_dir", ge=0)
@@ -330,7 +337,7 @@ def _checked_federation(federation: FederationSpec) -> FederationSpec:
 def _checked_server(server: ServerSpec) -> ServerSpec:
     from fedvlp.platform.aggregation import LOCAL, RULES
 
-    for prefix, rule in server.rules.items():
+    for rule in server.rules.values():
         if rule != LOCAL:
             RULES.get(rule)
     for rule_name, raw in server.options.items():

@@ -8,7 +8,8 @@ lookup of an unknown name is a one-line `ConfigError` naming the config key and 
 from __future__ import annotations
 
 import re
-from typing import Callable, Generic, Iterator, TypeVar
+from collections.abc import Callable, Iterator
+from typing import Generic, TypeVar
 
 from fedvlp.errors import ConfigError
 

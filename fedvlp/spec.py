@@ -38,7 +38,8 @@ class TuneRange:
             if not self.values:
                 raise ValueError("TuneRange: a choice needs at least one value")
         elif not self.low < self.high or (self.kind == "loguniform" and self.low <= 0):
-            raise ValueError(f"TuneRange: expected low < high (and low > 0 for loguniform), got {self.low}, {self.high}")
+            raise ValueError(f"TuneRange: expected low < high (and low > 0 for loguniform), "
+                             f"got {self.low}, {self.high}")
 
     def describe(self) -> str:
         if self.kind == "choice":

@@ -20,13 +20,12 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 import psutil
 import pytest
-
 from test_readers import COLOURS, coco_json, voc_tree, write_image, write_json, write_text
 
 REPO = Path(__file__).resolve().parent.parent

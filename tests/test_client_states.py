@@ -1,8 +1,8 @@
 """Client-local states: kept in memory up to a budget, spilled to disk past it, checkpointable."""
 import pytest
 import torch
-
 from conftest import small_run
+
 from fedvlp.platform.client_states import ClientStateStore
 from fedvlp.platform.engine import run_federated
 

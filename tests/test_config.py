@@ -1,8 +1,8 @@
 """Config: YAML + --set -> a validated RunSpec; bad input is one line naming the key, before Ray starts.
 Every shipped config and search space loads and validates."""
 import pytest
-
 from conftest import fedvlp_cli
+
 from fedvlp.config import CONFIGS_DIR, DEFAULT_CONFIG, SPACES_DIR, load_spec, parse_override
 from fedvlp.errors import ConfigError
 

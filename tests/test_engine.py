@@ -4,9 +4,9 @@ import json
 import numpy as np
 import pytest
 import torch
+from conftest import small_run
 from mlflow import MlflowClient
 
-from conftest import small_run
 from fedvlp.config import CONFIGS_DIR
 from fedvlp.errors import ResourceError, RoundFailedError
 from fedvlp.methods import METHODS
@@ -116,8 +116,9 @@ def test_a_client_gets_exactly_its_own_local_state_back(ray_cluster, tracking_ur
     assert {c: int(store.get(c)["count"]) for c in range(4) if joined[c]} == {c: n for c, n in joined.items() if n}
     # personal metrics by hand: each client's logits come from its own centroids (and the global bias) on the
     # frozen features of its local test set, as cached (float16)
-    from fedvlp.backbones import load_backbone
     from fedvlp_test_plugin import SCALE
+
+    from fedvlp.backbones import load_backbone
 
     data = prepare_data(spec)
     holdout = data.dataset.holdout

@@ -3,19 +3,19 @@ wall-clock deadlines, the simulated device clock, and a driver killed mid-run th
 import os
 import shutil
 import signal
-import tempfile
-from pathlib import Path
 import subprocess
 import sys
+import tempfile
 import threading
 import time
+from pathlib import Path
 
 import pytest
 import ray
 import torch
+from conftest import CLI_TIMEOUT_S, small_run
 from mlflow import MlflowClient
 
-from conftest import CLI_TIMEOUT_S, small_run
 from fedvlp.errors import RoundFailedError
 from fedvlp.platform.clock import VirtualClock
 from fedvlp.platform.engine import run_federated

@@ -2,9 +2,19 @@ import numpy as np
 import pytest
 import torch
 
-from fedvlp.data.missing import (EVAL_KEYS, EVAL_SETTINGS, FULL, MISSING_IMAGE, MISSING_TEXT,
-                                 apply_missing, client_missing_tables, eval_tables,
-                                 fill_missing_images, missing_summary, missing_table)
+from fedvlp.data.missing import (
+    EVAL_KEYS,
+    EVAL_SETTINGS,
+    FULL,
+    MISSING_IMAGE,
+    MISSING_TEXT,
+    apply_missing,
+    client_missing_tables,
+    eval_tables,
+    fill_missing_images,
+    missing_summary,
+    missing_table,
+)
 from fedvlp.data.partition import partition_iid
 
 

@@ -1,8 +1,7 @@
 import numpy as np
 import pytest
 
-from fedvlp.data.partition import (label_distribution_js, partition_dirichlet,
-                                   partition_heterogeneity, partition_iid)
+from fedvlp.data.partition import label_distribution_js, partition_dirichlet, partition_heterogeneity, partition_iid
 from fedvlp.data.scenes import generate_scenes
 
 TS = (0.0, 0.25, 0.5, 0.75, 1.0)

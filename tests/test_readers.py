@@ -10,8 +10,17 @@ import pytest
 from PIL import Image
 
 from fedvlp.data.images import ArrayImages, FileImages, ImageSource
-from fedvlp.data.readers import (MMIMDB_GENRES, READERS, VOC_CLASSES, Dataset, read_coco2014,
-                                 read_food101, read_mmimdb, read_nuswide, read_voc2007)
+from fedvlp.data.readers import (
+    MMIMDB_GENRES,
+    READERS,
+    VOC_CLASSES,
+    Dataset,
+    read_coco2014,
+    read_food101,
+    read_mmimdb,
+    read_nuswide,
+    read_voc2007,
+)
 from fedvlp.errors import ConfigError, DataError
 
 COLOURS = [(220, 30, 30), (30, 200, 40), (20, 40, 210), (240, 220, 20), (200, 40, 200), (20, 200, 200),

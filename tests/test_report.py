@@ -7,10 +7,9 @@ import time
 import pytest
 from mlflow import MlflowClient
 from mlflow.entities import Metric, Param
-
-from fedvlp.errors import FedvlpError
 from scipy import stats
 
+from fedvlp.errors import FedvlpError
 from fedvlp.platform.report import curves_vs_key, curves_vs_round, interval, make_report, plot_vs_key, summarise
 
 T2 = stats.t.ppf(0.975, 1)  # Student t, 2 seeds: the 95 % half-width of a, b is T2 * |a - b| / 2

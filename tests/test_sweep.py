@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 import yaml
+from conftest import CLI_TIMEOUT_S, fedvlp_cli
 from mlflow import MlflowClient
 
-from conftest import CLI_TIMEOUT_S, fedvlp_cli
 from fedvlp.errors import ConfigError
 from fedvlp.platform.engine import run_federated
 from fedvlp.platform.sweep import _tune_config, load_sweep, trial_spec

@@ -63,7 +63,8 @@ class ClipBackbone(torch.nn.Module):
     @property
     def transform_id(self) -> str:
         """Names the image transform, for keying cached features."""
-        return f"{self.image_size[0]}x{self.image_size[1]}-bicubic-mean{self.mean.flatten().tolist()}-std{self.std.flatten().tolist()}"
+        size = f"{self.image_size[0]}x{self.image_size[1]}"
+        return f"{size}-bicubic-mean{self.mean.flatten().tolist()}-std{self.std.flatten().tolist()}"
 
     @property
     def device(self) -> torch.device:

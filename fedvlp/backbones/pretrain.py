@@ -14,9 +14,10 @@ import importlib.util
 import json
 import math
 import os
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Callable, ClassVar
+from typing import ClassVar
 
 import torch
 from filelock import FileLock
@@ -92,7 +93,8 @@ def train(modules: list[torch.nn.Module], recipe: _Recipe, step_loss: Callable[[
             bar.set_postfix(loss=f"{loss.item():.3f}")
 
 
-def save(model: torch.nn.Module, recipe: _Recipe, metrics: dict[str, float], extra: dict[str, str] | None = None) -> Path:
+def save(model: torch.nn.Module, recipe: _Recipe, metrics: dict[str, float],
+         extra: dict[str, str] | None = None) -> Path:
     """Write the model's weights under the recipe's key, atomically, with the recipe and metrics as metadata."""
     path = checkpoint_path(recipe)
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import json
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 import numpy as np
 import torch
@@ -73,7 +73,7 @@ def _weights_help(name: str) -> str:
 
 
 def create_vilt(name: str = TINY_VILT, pretrained: str | None = None, vocabulary: Sequence[str] | None = None,
-                random_init: bool = False) -> "ViltBackbone":
+                random_init: bool = False) -> ViltBackbone:
     """A frozen ViLT.
 
     `name` tiny-vilt: a fresh tiny ViLT initialised from the global torch RNG (seed it first), over
@@ -114,7 +114,8 @@ def create_vilt(name: str = TINY_VILT, pretrained: str | None = None, vocabulary
         hf_logging.set_verbosity(verbosity)
     if not isinstance(model.config, ViltConfig):
         raise BackboneError(f"backbone {source}: not a ViLT model (model_type {model.config.model_type!r})")
-    return ViltBackbone(model, tokenizer, name, max_text_len=min(REAL_MAX_TEXT_LEN, model.config.max_position_embeddings))
+    max_text_len = min(REAL_MAX_TEXT_LEN, model.config.max_position_embeddings)
+    return ViltBackbone(model, tokenizer, name, max_text_len=max_text_len)
 
 
 class ViltBackbone(torch.nn.Module):

@@ -28,7 +28,7 @@ class Split:
     def __len__(self) -> int:
         return len(self.labels)
 
-    def subset(self, indices: np.ndarray) -> "Split":
+    def subset(self, indices: np.ndarray) -> Split:
         """The samples at `indices`, in that order."""
         indices = np.asarray(indices, dtype=np.int64)
         texts = None if self.texts is None else tuple(self.texts[i] for i in indices)

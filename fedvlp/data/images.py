@@ -16,8 +16,9 @@ from __future__ import annotations
 
 import hashlib
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Protocol, Sequence, runtime_checkable
+from typing import Protocol, runtime_checkable
 
 import numpy as np
 from PIL import Image
@@ -39,7 +40,7 @@ class ImageSource(Protocol):
         """A stable string identifying the exact image set."""
         ...
 
-    def subset(self, indices: np.ndarray) -> "ImageSource":
+    def subset(self, indices: np.ndarray) -> ImageSource:
         """The images at `indices`, in that order."""
         ...
 
@@ -76,7 +77,7 @@ class ArrayImages:
             out[i] = np.asarray(Image.fromarray(image).resize((size, size), Image.BICUBIC))
         return out
 
-    def subset(self, indices: np.ndarray) -> "ArrayImages":
+    def subset(self, indices: np.ndarray) -> ArrayImages:
         return ArrayImages(self.array[np.asarray(indices, dtype=np.int64)])
 
     def cache_key(self) -> str:
@@ -141,7 +142,7 @@ class FileImages:
             out[i] = _load_file(self.paths[index], size)
         return out
 
-    def subset(self, indices: np.ndarray) -> "FileImages":
+    def subset(self, indices: np.ndarray) -> FileImages:
         return FileImages(tuple(self.paths[i] for i in np.asarray(indices, dtype=np.int64)))
 
     def cache_key(self) -> str:

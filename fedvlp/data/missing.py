@@ -43,7 +43,7 @@ from __future__ import annotations
 
 import math
 import numbers
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 

@@ -9,9 +9,10 @@ the training data, deterministically from the seed, where a reader leaves them o
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from fedvlp.registry import Registry
 from fedvlp.spec import check_params_class

@@ -20,7 +20,8 @@ def class_counts(data: FederatedData) -> np.ndarray:
 def format_stats(data: FederatedData, top: int = 3) -> str:
     names = data.dataset.class_names
     counts = class_counts(data)
-    header = f"{'client':>6} {'samples':>8} {'local test':>10} {'classes':>7}  top classes (share of the client's labels)"
+    header = (f"{'client':>6} {'samples':>8} {'local test':>10} {'classes':>7}  "
+              f"top classes (share of the client's labels)")
     if data.train_missing is not None:
         header += "   missing: text / image"
     dataset = data.dataset

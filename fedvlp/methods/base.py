@@ -40,7 +40,7 @@ class TokenInputs:
     def __len__(self) -> int:
         return len(self.embeddings)
 
-    def __getitem__(self, index) -> "TokenInputs":
+    def __getitem__(self, index) -> TokenInputs:
         return TokenInputs(self.embeddings[index], self.mask[index], self.missing[index])
 
 
@@ -48,7 +48,7 @@ class TokenInputs:
 class ClientData:
     """One client's training data as the method sees it: frozen inputs (features, or TokenInputs)
     and labels (-1 = unknown)."""
-    features: "torch.Tensor | TokenInputs"
+    features: torch.Tensor | TokenInputs
     labels: torch.Tensor
 
     def __len__(self) -> int:
@@ -104,12 +104,15 @@ class Method(torch.nn.Module):
         return {}
 
     @staticmethod
-    def make_inputs(features: torch.Tensor, missing: torch.Tensor | None) -> "torch.Tensor | TokenInputs":
+    def make_inputs(features: torch.Tensor, missing: torch.Tensor | None) -> torch.Tensor | TokenInputs:
         """What `forward` takes, from the cached frozen features of `feature_kind` (and, for
         image+text data, each sample's missing code)."""
         return features
 
     # --- provided
+    def trainable_parameters(self) -> list[torch.nn.Parameter]:
+        return [p for p in self.parameters() if p.requires_grad]
+
     def rule_of(self, key: str) -> str:
         prefix = max((p for p in self.server_rules if key.startswith(p)), key=len)
         return self.server_rules[prefix]

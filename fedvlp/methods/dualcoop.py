@@ -28,11 +28,11 @@ from typing import Literal
 
 import torch
 
-from fedvlp.spec import int_range, log_range, spec_field
 from fedvlp.methods.base import ClientData, Method
 from fedvlp.methods.numerics import region_aggregate
 from fedvlp.methods.prompts import PromptTemplate
 from fedvlp.methods.registry import register
+from fedvlp.spec import int_range, log_range, spec_field
 
 
 @dataclass(frozen=True)
@@ -42,12 +42,14 @@ class DualCoOpParams:
         "a photo of a", "words the positive context starts from when they are n_ctx tokens; "
         "otherwise (and always for the negative context) N(0, 0.02)")
     csc: bool = spec_field(False, "class-specific contexts (one positive and one negative context per class)")
-    region_scale: float = spec_field(20.0, "S = region_scale * cos(patch, text); the softmax over patches is of S (reference 20)", gt=0)
+    region_scale: float = spec_field(
+        20.0, "S = region_scale * cos(patch, text); the softmax over patches is of S (reference 20)", gt=0)
     output_scale: float | None = spec_field(
         None, "each side's logit = output_scale * sum_m w_m S_m; null: the backbone's logit scale / region_scale "
         "(reference 5 = 100 / 20 for OpenAI CLIP)", gt=0)
-    lr: float = spec_field(0.2, "SGD learning rate, momentum 0.9 (reference 0.002 over 50 epochs, on a loss summed over "
-                                   "classes; here the loss is a mean over known labels)", gt=0, tune=log_range(1e-2, 3.0))
+    lr: float = spec_field(0.2, "SGD learning rate, momentum 0.9 (reference 0.002 over 50 epochs, on a loss summed "
+                                "over classes; here the loss is a mean over known labels)", gt=0,
+                           tune=log_range(1e-2, 3.0))
     batch_size: int = spec_field(32, "local batch size", ge=1)
     local_epochs: int = spec_field(5, "local epochs per round", ge=1, tune=int_range(1, 8))
     gamma_neg: float = spec_field(2.0, "asymmetric loss: focusing of the negatives", ge=0)
@@ -105,4 +107,5 @@ class DualCoOp(Method):
         return self.asl(logits, labels, p.gamma_neg, p.gamma_pos, p.asl_clip)
 
     def local_update(self, data: ClientData, generator: torch.Generator) -> dict[str, float]:
-        return self.train_epochs(data, generator, torch.optim.SGD([q for q in self.parameters() if q.requires_grad], lr=self.params.lr, momentum=0.9))
+        optimizer = torch.optim.SGD(self.trainable_parameters(), lr=self.params.lr, momentum=0.9)
+        return self.train_epochs(data, generator, optimizer)

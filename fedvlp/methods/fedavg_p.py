@@ -19,11 +19,11 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from fedvlp.spec import int_range, log_range, spec_field
 from fedvlp.data.missing import FULL, MISSING_IMAGE, MISSING_TEXT
 from fedvlp.methods.base import ClientData, Method, TokenInputs
 from fedvlp.methods.fedprime import token_inputs, trainable_pooler, vilt_classifier
 from fedvlp.methods.registry import register
+from fedvlp.spec import int_range, log_range, spec_field
 
 ONES_ROW = {FULL: 0, MISSING_IMAGE: 1, MISSING_TEXT: 2}  # the reference's one-hot-like initial rows
 
@@ -69,7 +69,7 @@ class FedAvgP(Method):
         return self.classifier(self.pooler(hidden[:, num_prompts:]))
 
     def local_update(self, data: ClientData, generator: torch.Generator) -> dict[str, float]:
-        trainable = [p for p in self.parameters() if p.requires_grad]
+        trainable = self.trainable_parameters()
         start = [p.detach().clone() for p in trainable]
         mu = self.params.prox_mu
 

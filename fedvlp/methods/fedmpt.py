@@ -32,12 +32,12 @@ from pathlib import Path
 
 import torch
 
-from fedvlp.spec import int_range, log_range, spec_field
 from fedvlp.errors import ConfigError
 from fedvlp.methods.base import ClientData, Method
 from fedvlp.methods.numerics import ot_region_scores, region_aggregate
 from fedvlp.methods.prompts import ConditionPromptTemplate, PromptTemplate
 from fedvlp.methods.registry import register
+from fedvlp.spec import int_range, log_range, spec_field
 
 OT_TOLERANCE = 1e-4  # float32 marginals cannot get closer than ~1e-6 summed; stop well before that floor
 PAPER_CONDITIONS = ("spatial layout", "object pose", "background", "lighting", "object scale")
@@ -63,8 +63,8 @@ class FedMPTParams:
     gamma_pos: float = spec_field(1.0, "ASL focusing of positives", ge=0)
     clip: float = spec_field(0.05, "ASL probability shift of negatives", ge=0, lt=1)
     init_bias: float = spec_field(-5.0, "starting bias of the logits")
-    lr: float = spec_field(0.02, "SGD learning rate (paper: 1e-3 on a loss summed over classes with weight 0.02; here the "
-                                   "loss is a mean over known labels)", gt=0, tune=log_range(1e-3, 1.0))
+    lr: float = spec_field(0.02, "SGD learning rate (paper: 1e-3 on a loss summed over classes with weight 0.02; "
+                                 "here the loss is a mean over known labels)", gt=0, tune=log_range(1e-3, 1.0))
     momentum: float = spec_field(0.9, "SGD momentum", ge=0, lt=1)
     weight_decay: float = spec_field(1e-5, "SGD weight decay", ge=0)
     batch_size: int = spec_field(32, "local batch size", ge=1)
@@ -115,8 +115,8 @@ class FedMPT(Method):
                                                 task.class_names, params.n_cond_ctx, params.n_cls_ctx)
         if params.cps:
             self.cond_ctx = torch.nn.Parameter(torch.randn(num, params.n_cond_ctx, width, generator=generator) * 0.02)
-        self.cls_ctx = torch.nn.Parameter(
-            PromptTemplate(backbone, task.class_names[:1], params.n_cls_ctx).init_context(params.cls_ctx_init, generator))
+        words = PromptTemplate(backbone, task.class_names[:1], params.n_cls_ctx)
+        self.cls_ctx = torch.nn.Parameter(words.init_context(params.cls_ctx_init, generator))
         if params.adapters:
             self.adapter = LowRank(num, dim, params.adapter_rank, dim, generator)
         if params.gate:

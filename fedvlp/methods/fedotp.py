@@ -28,11 +28,11 @@ from typing import Literal
 
 import torch
 
-from fedvlp.spec import int_range, log_range, spec_field
 from fedvlp.methods.base import LOCAL, ClientData, Method
 from fedvlp.methods.numerics import sinkhorn
 from fedvlp.methods.prompts import PromptTemplate
 from fedvlp.methods.registry import register
+from fedvlp.spec import int_range, log_range, spec_field
 
 NUM_PROMPTS = 2  # prompt 0 global, prompt 1 local (the reference's --num_prompt 2, --avg_prompt 1)
 
@@ -42,19 +42,22 @@ class FedOTPParams:
     n_ctx: int = spec_field(4, "context tokens of each prompt (reference 16)", ge=1)
     ctx_init: str = spec_field(
         "", "words both prompts start from, n_ctx tokens ('' = N(0, 0.02) each, the reference's start)")
-    epsilon: float = spec_field(0.01, "entropic regularisation of the OT between patches and prompts (reference 0.01)", gt=0)
+    epsilon: float = spec_field(
+        0.01, "entropic regularisation of the OT between patches and prompts (reference 0.01)", gt=0)
     ot_max_iter: int = spec_field(100, "Sinkhorn iterations at most (reference 100)", ge=1)
     ot_tol: float = spec_field(1e-6, "Sinkhorn stops once the L1 row-marginal error is below this", gt=0)
-    init_bias: float = spec_field(-2.0, "starting bias of the multi-label logits (learned, averaged like the global prompt)")
-    lr: float = spec_field(0.2, "SGD learning rate, momentum 0.9 (reference 0.001, on a loss summed over classes; here "
-                                   "the loss is a mean over known labels)", gt=0, tune=log_range(1e-2, 3.0))
+    init_bias: float = spec_field(
+        -2.0, "starting bias of the multi-label logits (learned, averaged like the global prompt)")
+    lr: float = spec_field(0.2, "SGD learning rate, momentum 0.9 (reference 0.001, on a loss summed over classes; "
+                                "here the loss is a mean over known labels)", gt=0, tune=log_range(1e-2, 3.0))
     batch_size: int = spec_field(32, "local batch size (reference 32)", ge=1)
     local_epochs: int = spec_field(5, "local epochs per round (reference 1)", ge=1, tune=int_range(1, 8))
     gamma_neg: float = spec_field(2.0, "asymmetric loss: focusing of the negatives", ge=0)
     gamma_pos: float = spec_field(1.0, "asymmetric loss: focusing of the positives", ge=0)
     asl_clip: float = spec_field(0.05, "asymmetric loss: probability margin of the negatives", ge=0, lt=1)
     aggregation: Literal["fedavg", "mean"] = spec_field(
-        "fedavg", "server rule for the global prompt and the bias: fedavg (weighted by data size, the reference) or mean")
+        "fedavg", "server rule for the global prompt and the bias: fedavg (weighted by data size, the reference) "
+                  "or mean")
 
 
 @register
@@ -94,4 +97,5 @@ class FedOTP(Method):
         return self.asl(logits, labels, p.gamma_neg, p.gamma_pos, p.asl_clip)
 
     def local_update(self, data: ClientData, generator: torch.Generator) -> dict[str, float]:
-        return self.train_epochs(data, generator, torch.optim.SGD([q for q in self.parameters() if q.requires_grad], lr=self.params.lr, momentum=0.9))
+        optimizer = torch.optim.SGD(self.trainable_parameters(), lr=self.params.lr, momentum=0.9)
+        return self.train_epochs(data, generator, optimizer)

@@ -30,11 +30,11 @@ from typing import Literal
 import torch
 import torch.nn.functional as F
 
-from fedvlp.spec import int_range, log_range, spec_field
 from fedvlp.errors import ConfigError
 from fedvlp.methods.base import LOCAL, ClientData, Method, TokenInputs
 from fedvlp.methods.prompts import PromptPool
 from fedvlp.methods.registry import register
+from fedvlp.spec import int_range, log_range, spec_field
 
 
 @dataclass(frozen=True)
@@ -127,5 +127,5 @@ class FedPrime(Method):
             logits, similarity = self.scores(inputs)
             return F.cross_entropy(logits, labels) - self.params.retrieval_weight * similarity
 
-        optimizer = torch.optim.SGD([p for p in self.parameters() if p.requires_grad], lr=self.params.lr)
+        optimizer = torch.optim.SGD(self.trainable_parameters(), lr=self.params.lr)
         return self.train_epochs(data, generator, optimizer, batch_loss)

@@ -32,10 +32,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fedvlp.spec import int_range, log_range, spec_field
 from fedvlp.methods.base import ClientData, Method
 from fedvlp.methods.prompts import PromptTemplate
 from fedvlp.methods.registry import register
+from fedvlp.spec import int_range, log_range, spec_field
 
 
 @dataclass(frozen=True)
@@ -44,8 +44,8 @@ class FedTPGParams:
     heads: int = spec_field(4, "cross-attention heads (reference 4); must divide the token width", ge=1)
     ff_mult: int = spec_field(4, "feed-forward hidden width = ff_mult * token width (reference 4)", ge=1)
     init_bias: float = spec_field(-5.0, "starting bias of the multi-label logits")
-    lr: float = spec_field(0.06, "SGD learning rate, momentum 0.9 (reference 0.003, on a loss summed over classes; here "
-                                   "the loss is a mean over known labels)", gt=0, tune=log_range(3e-3, 1.0))
+    lr: float = spec_field(0.06, "SGD learning rate, momentum 0.9 (reference 0.003, on a loss summed over classes; "
+                                 "here the loss is a mean over known labels)", gt=0, tune=log_range(3e-3, 1.0))
     batch_size: int = spec_field(32, "local batch size (reference 200)", ge=1)
     local_epochs: int = spec_field(5, "local epochs per round (reference 1)", ge=1, tune=int_range(1, 8))
     gamma_neg: float = spec_field(2.0, "asymmetric loss: focusing of the negatives", ge=0)
@@ -76,7 +76,8 @@ class PromptGenerator(nn.Module):
     def forward(self, class_embeddings: torch.Tensor) -> torch.Tensor:
         """Class-name embeddings [K, D] -> one context [n_ctx, width] for the whole class set."""
         kv = self.norm_kv(class_embeddings).unsqueeze(0)  # [1, K, D]: the queries see every name
-        x = self.attn(self.norm_q(self.queries).unsqueeze(0), kv, kv, need_weights=False)[0]  # no residual, as the reference
+        # no residual, as the reference
+        x = self.attn(self.norm_q(self.queries).unsqueeze(0), kv, kv, need_weights=False)[0]
         x = x + self.ff(x)
         return x[0]
 
@@ -119,4 +120,5 @@ class FedTPG(Method):
         return self.asl(logits, labels, p.gamma_neg, p.gamma_pos, p.asl_clip)
 
     def local_update(self, data: ClientData, generator: torch.Generator) -> dict[str, float]:
-        return self.train_epochs(data, generator, torch.optim.SGD([q for q in self.parameters() if q.requires_grad], lr=self.params.lr, momentum=0.9))
+        optimizer = torch.optim.SGD(self.trainable_parameters(), lr=self.params.lr, momentum=0.9)
+        return self.train_epochs(data, generator, optimizer)

@@ -12,10 +12,10 @@ from dataclasses import dataclass
 
 import torch
 
-from fedvlp.spec import int_range, log_range, spec_field
 from fedvlp.methods.base import ClientData, Method
 from fedvlp.methods.prompts import PromptTemplate
 from fedvlp.methods.registry import register
+from fedvlp.spec import int_range, log_range, spec_field
 
 
 @dataclass(frozen=True)

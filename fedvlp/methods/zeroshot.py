@@ -9,10 +9,10 @@ from dataclasses import dataclass
 
 import torch
 
-from fedvlp.spec import spec_field
 from fedvlp.errors import ConfigError
 from fedvlp.methods.base import ClientData, Method
 from fedvlp.methods.registry import register
+from fedvlp.spec import spec_field
 
 
 @dataclass(frozen=True)
@@ -22,7 +22,8 @@ class ZeroShotParams:
 
     def __post_init__(self):
         if "{}" not in self.template:
-            raise ConfigError(f"method.template: expected a '{{}}' placeholder for the class name, got {self.template!r}")
+            raise ConfigError(f"method.template: expected a '{{}}' placeholder for the class name, "
+                              f"got {self.template!r}")
 
 
 @register

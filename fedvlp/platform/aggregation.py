@@ -18,8 +18,9 @@ per rule (`options`), validated when the config is built (`server.options.<rule>
 """
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Literal, Sequence
+from typing import Any, Literal
 
 import torch
 

@@ -435,11 +435,13 @@ def make_report(tracking_uri: str, experiment: str, out_dir: str | Path, metric:
             cells.append(_mean_ci(s["mean"], s["ci95"]))
         if reference:
             cells += [_diff(t)] + ([_diff(s)] if score != metric else [])
-        cells += [str(t["n_seeds"]), f"{t['trainable_params']:,.0f}" if not math.isnan(t["trainable_params"]) else "n/a",
+        params = f"{t['trainable_params']:,.0f}" if not math.isnan(t["trainable_params"]) else "n/a"
+        cells += [str(t["n_seeds"]), params,
                   _bytes(t["bytes_up_per_client_round"]) if not math.isnan(t["bytes_up_per_client_round"]) else "n/a",
                   _fmt(t["seconds_per_round"], 2)]
         lines.append(cells)
-    files["by_method.csv"] = _write_csv([{"metric": m, **t} for m in reported for t in tables[m]], out / "by_method.csv")
+    files["by_method.csv"] = _write_csv([{"metric": m, **t} for m in reported for t in tables[m]],
+                                        out / "by_method.csv")
     files["by_method.md"] = out / "by_method.md"
     files["by_method.md"].write_text(_markdown(
         header + "\n\nMean over the sweep's cells (best selection metric in bold); cost columns as in FedMPT Table 5.",

@@ -105,7 +105,8 @@ def _search_space(ranges: dict[str, TuneRange]) -> dict:
     from ray import tune
 
     build = {"loguniform": lambda r: tune.loguniform(r.low, r.high), "uniform": lambda r: tune.uniform(r.low, r.high),
-             "int": lambda r: tune.randint(int(r.low), int(r.high) + 1), "choice": lambda r: tune.choice(list(r.values))}
+             "int": lambda r: tune.randint(int(r.low), int(r.high) + 1),
+             "choice": lambda r: tune.choice(list(r.values))}
     return {key: build[r.kind](r) for key, r in ranges.items()}
 
 
@@ -119,15 +120,16 @@ def _trial(config: dict, tune_spec: TuneSpec, parent_run_id: str) -> None:
     values = {k: (int(v) if tune_spec.ranges[k].kind == "int" else v) for k, v in config.items()}
     trial_id = tune.get_context().get_trial_id()
     finals = []
+    rounds = build_spec(trial_raw(tune_spec, values, tune_spec.seeds[0])).federation.rounds
     for index, seed in enumerate(tune_spec.seeds):
         spec = build_spec(trial_raw(tune_spec, values, seed))
         last = index == len(tune_spec.seeds) - 1
 
         def report(round_index: int, metrics: dict, checkpoint, seed_index=index, is_last=last) -> None:
             value = metrics.get(tune_spec.metric, math.nan)
-            if round_index == spec.federation.rounds:
+            if round_index == rounds:
                 finals.append(value)
-            objective = float(sum(finals) / len(finals)) if is_last and round_index == spec.federation.rounds else value
+            objective = float(sum(finals) / len(finals)) if is_last and round_index == rounds else value
             tune.report({OBJECTIVE: objective, tune_spec.metric: value, "seed_index": seed_index, "round": round_index})
 
         tags = {"mlflow.parentRunId": parent_run_id, "fedvlp.role": "trial", "tune_trial_id": trial_id,

@@ -23,7 +23,7 @@ class ClientUpdate:
 
     @classmethod
     def from_result(cls, client_id: int, num_samples: int, global_state: State, local_state: State, result: dict,
-                    **timing) -> "ClientUpdate":
+                    **timing) -> ClientUpdate:
         """From `local_update`'s returned dict: "loss" and "steps", and every other number a statistic."""
         if "loss" not in result or "steps" not in result:
             raise ValueError(f"local_update must return 'loss' and 'steps', got keys {sorted(result)}")
