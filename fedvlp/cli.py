@@ -195,7 +195,7 @@ def _run(args) -> None:
     print()
     print(format_table(result.initial, result.final, spec.federation.rounds))
     print(f"\nMLflow run {result.run_id} in {result.tracking_uri}")
-    print(f"open the dashboard:  {ui_command(result.tracking_uri)}")
+    _dashboard(result.tracking_uri, spec.tracking.experiment, result.run_id)
 
 
 def _tracking_source(configured: str | None) -> str:
@@ -205,8 +205,19 @@ def _tracking_source(configured: str | None) -> str:
     return "$MLFLOW_TRACKING_URI" if os.environ.get("MLFLOW_TRACKING_URI") else "the default tracking store"
 
 
-def ui_command(uri: str) -> str:
-    return f"mlflow ui --backend-store-uri {uri} --host 127.0.0.1 --port 5000"
+def _dashboard(uri: str, experiment: str, run_id: str | None = None) -> None:
+    """The two lines that open this run (or this experiment's runs) in MLflow's UI."""
+    from mlflow import MlflowClient
+
+    from fedvlp.platform.tracking import ui_command, ui_link
+
+    try:
+        found = MlflowClient(tracking_uri=uri).get_experiment_by_name(experiment)
+    except Exception:
+        found = None
+    print(f"open the dashboard:  {ui_command(uri)}")
+    if found is not None:
+        print(f"then browse to:      {ui_link(found.experiment_id, run_id)}")
 
 
 TABLE_KEYS = ("mAP", "CF1", "OF1", "hallucination_gap", "accuracy", "macro_f1")  # the rest are in MLflow
@@ -239,6 +250,7 @@ def _sweep(args) -> None:
         _report(args)
     else:
         print(f"tables and plots:  fedvlp report {sweep.experiment}")
+        _dashboard(sweep.base["tracking"]["uri"], sweep.experiment)
 
 
 def _tune(args) -> None:
@@ -264,6 +276,7 @@ def _report(args) -> None:
                         reference=args.reference)
     for name, path in files.items():
         print(f"{name:>24}: {path}")
+    _dashboard(uri, args.experiment)
 
 
 def _data(args) -> None:

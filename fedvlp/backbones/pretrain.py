@@ -3,12 +3,13 @@
 The recipes themselves live one module per backbone (`pretrain_clip`, `pretrain_vilt`). Both use
 a fixed number of steps (not a time budget) and named random streams, so the same recipe gives
 bit-identical weights. Each result is cached under the user cache dir, keyed by a hash of its
-recipe *and of the code that produces it* (the pretraining module, the data generator, the model
-code and config: `_Recipe.code`), so a changed recipe or generator is never served from a stale
-cache. Entries are written atomically, so a killed run never leaves a bad file.
+recipe *and of the code that produces it* (the syntax trees of the pretraining module, the data
+generator and the model code, and the model config: `_Recipe.code`), so a changed recipe or
+generator is never served from a stale cache, while comments and docstrings leave the key alone. Entries are written atomically, so a killed run never leaves a bad file.
 """
 from __future__ import annotations
 
+import ast
 import hashlib
 import importlib.util
 import json
@@ -28,15 +29,30 @@ from tqdm.auto import tqdm
 from fedvlp.paths import cache_dir
 
 
+def _code(path: Path) -> bytes:
+    """What a source file *does*: Python as its syntax tree without docstrings (comments, formatting and
+    documentation do not change the key), JSON as its canonical dump."""
+    text = path.read_text()
+    if path.suffix == ".json":
+        return json.dumps(json.loads(text), sort_keys=True).encode()
+    tree = ast.parse(text)
+    for node in ast.walk(tree):
+        body = getattr(node, "body", None)
+        if isinstance(body, list) and body and isinstance(body[0], ast.Expr) \
+                and isinstance(body[0].value, ast.Constant) and isinstance(body[0].value.value, str):
+            node.body = body[1:] or [ast.Pass()]
+    return ast.dump(tree, include_attributes=False).encode()
+
+
 def _source_digest(names: tuple[str, ...]) -> str:
-    """sha256 over the source files of modules (dotted names) or package files (paths relative to fedvlp/)."""
+    """sha256 over the code of modules (dotted names) or package files (paths relative to fedvlp/)."""
     digest = hashlib.sha256()
     for name in names:
         if name.endswith((".json", ".py")):
             path = Path(__file__).resolve().parent.parent / name
         else:
             path = Path(importlib.util.find_spec(name).origin)
-        digest.update(name.encode() + b"\0" + path.read_bytes())
+        digest.update(name.encode() + b"\0" + _code(path))
     return digest.hexdigest()
 
 

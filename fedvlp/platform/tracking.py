@@ -66,17 +66,37 @@ def check_tracking_store(uri: str, source: str = "tracking.uri") -> None:
                                 f"expected the sqlite file in an existing directory")
 
 
+EXPERIMENT_KIND = {"mlflow.experimentKind": "custom_model_development"}  # the UI opens on runs, not GenAI traces
+UI_HOST, UI_PORT = "127.0.0.1", 5000
+
+
 def open_experiment(uri: str, name: str):
-    """(client, experiment id) of experiment `name` in the store at `uri`, created if new."""
+    """(client, experiment id) of experiment `name` in the store at `uri`, created if new; tagged as a
+    model-training experiment, so MLflow's UI opens it on its runs."""
     from mlflow import MlflowClient
 
     check_tracking_store(uri)
     try:
         client = MlflowClient(tracking_uri=uri)
         experiment = client.get_experiment_by_name(name)
-        return client, experiment.experiment_id if experiment else client.create_experiment(name)
+        if experiment is None:
+            return client, client.create_experiment(name, tags=EXPERIMENT_KIND)
+        if experiment.tags.get("mlflow.experimentKind") is None:
+            client.set_experiment_tag(experiment.experiment_id, *next(iter(EXPERIMENT_KIND.items())))
+        return client, experiment.experiment_id
     except Exception as exc:
         raise TrackingError(f"tracking.uri: cannot open MLflow store {uri} ({_reason(exc)})") from None
+
+
+def ui_command(uri: str) -> str:
+    """The command that serves MLflow's UI for the store at `uri` on this machine's loopback only."""
+    return f"mlflow ui --backend-store-uri {uri} --host {UI_HOST} --port {UI_PORT}"
+
+
+def ui_link(experiment_id: str, run_id: str | None = None) -> str:
+    """The UI's link to a run, or to an experiment's runs."""
+    base = f"http://{UI_HOST}:{UI_PORT}/#/experiments/{experiment_id}/runs"
+    return f"{base}/{run_id}" if run_id else base
 
 
 class RunTracker:
