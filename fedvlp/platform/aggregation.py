@@ -195,10 +195,13 @@ class RuleInputs:
     options: Any = None
 
 
-def apply_rule(rule: ServerRule, inputs: RuleInputs, average: Callable[[list[State], list[float]], State] | None = None
-               ) -> tuple[State, dict]:
-    """(new parameters, new rule state). `average` (default `weighted_average`) takes the cohort's weighted
-    average for average rules: the coordinator passes its private or secure variant here."""
+def apply_rule(rule: ServerRule | str, inputs: RuleInputs,
+               average: Callable[[list[State], list[float]], State] | None = None) -> tuple[State, dict]:
+    """(new parameters, new rule state) of `rule` (or the rule of that name in this process's registry).
+    `average` (default `weighted_average`) takes the cohort's weighted average for average rules: the
+    coordinator passes its private or secure variant here."""
+    if isinstance(rule, str):
+        rule = RULES.get(rule)
     if rule.kind == "average":
         mean = (average or weighted_average)(inputs.states, rule_weights(rule, inputs.num_samples))
         return rule.run(inputs.previous, mean, inputs.state, inputs.options)

@@ -11,7 +11,7 @@ import itertools
 import ray
 import torch
 
-from fedvlp.platform.aggregation import RULES, RuleInputs, apply_rule, state_nbytes
+from fedvlp.platform.aggregation import RuleInputs, apply_rule, state_nbytes
 from fedvlp.platform.client_states import ClientStateStore
 from fedvlp.platform.sampling import sample_cohort
 from fedvlp.platform.updates import ClientUpdate
@@ -59,7 +59,8 @@ class Coordinator:
             inputs = RuleInputs([{k: u.global_state[k] for k in keys} for u in updates], sizes,
                                 {k: self.state[k] for k in keys}, self.rule_states.get(rule_name, {}),
                                 torch_generator(self.seed, "aggregate", round_index), self.rule_options.get(rule_name))
-            params, self.rule_states[rule_name] = apply_rule(RULES.get(rule_name), inputs)
+            # by name: Ray ships this class by value, so it must not capture the driver's registry
+            params, self.rule_states[rule_name] = apply_rule(rule_name, inputs)
             new_state.update(params)
         self.state = new_state
         for u in updates:
