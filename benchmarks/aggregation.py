@@ -7,9 +7,15 @@ prompt under every centroid, the two networks' forward passes incl. the std's si
 backward + Adam), then writes
 benchmarks/results/aggregation.json.
 
-The work is outer_loops * N client steps, each over all N * tau centroids, so expect t ~ N^2.
+Per outer loop the networks run once over the N * tau centroids (linear in N) and every client's prompts
+are scored against every centroid (N^2 tau^2 D multiply-adds, but as large matrix products), so expect an
+exponent between 1 and 2.
+
+``--compare`` also runs the reference's schedule (one Adam step per client, ``per_client_schedule``) on the
+same inputs, for the client counts up to ``--compare-max``, and on the two-group case of
+tests/test_clustering.py (20 seeds), and prints how far apart the two results are.
 Run: python benchmarks/aggregation.py [--clients 20 100 500] [--tau 20] [--dim 768] [--outer-loops 5]
-     [--threads T]
+     [--threads T] [--compare [--compare-max 100]]
 """
 from __future__ import annotations
 
@@ -22,7 +28,10 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
+import numpy as np
 import torch
+import torch.nn.functional as F
+from scipy.optimize import linear_sum_assignment
 
 import fedvlp.platform.clustering as clustering
 
@@ -44,7 +53,75 @@ def fedprime_like_pools(n_clients: int, tau: int, dim: int, seed: int) -> list[t
     return list(modes[pick] + noise)
 
 
-def timed_run(pools: list[torch.Tensor], outer_loops: int, seed: int) -> tuple[float, dict[str, float]]:
+def per_client_schedule(pools: list[torch.Tensor], generator: torch.Generator, outer_loops: int = 5,
+                        lr: float = 1e-3, hidden: int = 128) -> clustering.Clustering:
+    """The reference's schedule (the previous ``cluster_prompts``): one Adam step per client, each evaluating
+    both networks over all centroids, and client t's assignment solved from the parameters before its step.
+    Same model, initialisation and random draws as ``clustering.cluster_prompts``."""
+    local = torch.stack([p.detach().float() for p in pools])
+    n_clients, n_local, dim = local.shape
+    n_global = n_clients * n_local
+    scale = clustering._init_mlp(dim, hidden, dim, generator)
+    pop = clustering._init_mlp(dim, hidden, 1, generator)
+    assignment = np.stack([torch.randperm(n_global, generator=generator)[:n_local].numpy()
+                           for _ in range(n_clients)]).astype(np.int64)
+    centroids = local.reshape(n_global, dim).clone().requires_grad_(True)
+    params = [p.requires_grad_(True) for p in scale + pop]
+    scale, pop = params[:4], params[4:]
+    opt = torch.optim.Adam([*params, centroids], lr=lr, fused=True)
+    for _ in range(outer_loops):
+        for t in range(n_clients):
+            z = torch.from_numpy(assignment[t])
+            with torch.no_grad():
+                loglik = clustering._loglik_all(local[t], clustering._gaussian_terms(
+                    centroids, clustering._std(clustering._mlp(centroids, scale))))
+            pre_pop = clustering._mlp(centroids, pop).squeeze(1)
+            log_pi, log_1m_pi = F.logsigmoid(pre_pop), F.logsigmoid(-pre_pop)
+            used = torch.zeros(n_global, dtype=torch.bool)
+            used[z] = True
+            c = centroids[z]
+            l1 = clustering._loglik_pairs(local[t], c, clustering._std(clustering._mlp(c, scale))).sum()
+            l2 = torch.where(used, log_pi, log_1m_pi).sum()
+            opt.zero_grad(set_to_none=True)
+            (-(l1 + l2)).backward()
+            opt.step()
+            score = loglik + (log_pi - log_1m_pi).detach()
+            assignment[t] = clustering.linear_sum_assignment(score.double().numpy(), maximize=True)[1]
+    with torch.no_grad():
+        popularity = torch.sigmoid(clustering._mlp(centroids, pop).squeeze(1))
+    return clustering.Clustering(centroids.detach(), assignment, popularity)
+
+
+def rand_index(a: np.ndarray, b: np.ndarray) -> float:
+    """The fraction of prompt pairs on which two assignments agree (same centroid in both, or in neither)."""
+    a, b = a.ravel(), b.ravel()
+    upper = np.triu_indices(len(a), 1)
+    return float(((a[:, None] == a[None]) == (b[:, None] == b[None]))[upper].mean())
+
+
+def compare_schedules(pools: list[torch.Tensor], outer_loops: int, seed: int) -> dict:
+    """Reference schedule vs ours from the same generator seed: assignments and the new top-tau pools."""
+    tic = time.perf_counter()
+    ref = per_client_schedule(pools, torch.Generator().manual_seed(seed), outer_loops)
+    ref_seconds = time.perf_counter() - tic
+    ours = clustering.cluster_prompts(pools, torch.Generator().manual_seed(seed), outer_loops=outer_loops)
+    tau = pools[0].shape[0]
+    pool_ref, pool_ours = (r.centroids[torch.from_numpy(r.ranked()[:tau])].double() for r in (ref, ours))
+    dist = torch.cdist(pool_ref, pool_ours)
+    rows, cols = linear_sum_assignment(dist.numpy())  # order-free: matched pairs of new prompts
+    matched = dist[rows, cols]
+    spread = torch.stack(pools).reshape(-1, pools[0].shape[-1]).double()
+    nearest = torch.cdist(spread[:200], spread).topk(2, largest=False).values[:, 1].mean()
+    return {"identical_assignments": round(float((ref.assignment == ours.assignment).mean()), 4),
+            "rand_index": round(rand_index(ref.assignment, ours.assignment), 4),
+            "used_reference": len(ref.used), "used_ours": len(ours.used),
+            "pool_distance_mean": round(float(matched.mean()), 4), "pool_distance_max": round(float(matched.max()), 4),
+            "nearest_prompt_distance": round(float(nearest), 4), "reference_seconds": round(ref_seconds, 2)}
+
+
+def timed_run(pools: list[torch.Tensor], outer_loops: int, seed: int) -> tuple[float, float, dict[str, float]]:
+    """(wall seconds, CPU seconds of this process, wall seconds per phase) of one aggregation: on shared cores
+    the wall time also counts other jobs' turns."""
     phases: dict[str, float] = defaultdict(float)
     originals = {name: getattr(clustering, name) for name in PHASES}
 
@@ -63,16 +140,16 @@ def timed_run(pools: list[torch.Tensor], outer_loops: int, seed: int) -> tuple[f
         setattr(clustering, name, wrap(name))
     try:
         states = [{"inter_pool.prompts": pool} for pool in pools]
-        tic = time.perf_counter()
+        tic, cpu = time.perf_counter(), time.process_time()
         gen = torch.Generator().manual_seed(seed)
         out = clustering.hungarian_cluster(states, [1] * len(pools), generator=gen, outer_loops=outer_loops)
-        total = time.perf_counter() - tic
+        total, cpu = time.perf_counter() - tic, time.process_time() - cpu
     finally:
         for name, fn in originals.items():
             setattr(clustering, name, fn)
     assert out["inter_pool.prompts"].shape == pools[0].shape
     phases["rest_backward_adam"] = total - sum(phases.values())
-    return total, dict(phases)
+    return total, cpu, dict(phases)
 
 
 def main() -> None:
@@ -84,40 +161,81 @@ def main() -> None:
     parser.add_argument("--outer-loops", type=int, default=5)
     parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--compare", action="store_true", help="also compare with the reference's schedule")
+    parser.add_argument("--compare-max", type=int, default=100, help="largest client count to compare at")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
 
-    timed_run(fedprime_like_pools(2, 2, args.dim, args.seed), 1, args.seed)  # warm-up: lazy inits, not timed
+    # warm-up, not timed: lazy inits and first-call kernel choices (seconds at the first size, on one thread)
+    timed_run(fedprime_like_pools(args.clients[0], args.tau, args.dim, args.seed), 1, args.seed)
     runs = []
     for n in args.clients:
         pools = fedprime_like_pools(n, args.tau, args.dim, args.seed)
-        seconds, phases = timed_run(pools, args.outer_loops, args.seed)
+        seconds, cpu, phases = timed_run(pools, args.outer_loops, args.seed)
         steps = args.outer_loops * n
         runs.append({"clients": n, "n_global": n * args.tau, "seconds": round(seconds, 3),
+                     "cpu_seconds": round(cpu, 3), "load_average": os.getloadavg()[0],
                      "ms_per_client_step": round(1000 * seconds / max(steps, 1), 2),
                      "phases_seconds": {k: round(v, 3) for k, v in phases.items()}})
         share = ", ".join(f"{k} {100 * v / seconds:.0f}%" for k, v in phases.items())
-        print(f"{n:>5} clients ({n * args.tau:>6} centroids): {seconds:9.2f} s/aggregation, "
+        print(f"{n:>5} clients ({n * args.tau:>6} centroids): {seconds:9.2f} s/aggregation ({cpu:.2f} CPU s), "
               f"{runs[-1]['ms_per_client_step']:8.2f} ms/client step  [{share}]", flush=True)
 
     growth = []
     for a, b in zip(runs, runs[1:]):
         t_ratio, n_ratio = b["seconds"] / a["seconds"], b["clients"] / a["clients"]
         exponent = math.log(t_ratio) / math.log(n_ratio)
+        cpu_exponent = math.log(b["cpu_seconds"] / a["cpu_seconds"]) / math.log(n_ratio)
         growth.append({"from": a["clients"], "to": b["clients"], "time_ratio": round(t_ratio, 2),
-                       "clients_ratio": round(n_ratio, 2), "exponent": round(exponent, 2)})
+                       "clients_ratio": round(n_ratio, 2), "exponent": round(exponent, 2),
+                       "cpu_exponent": round(cpu_exponent, 2)})
         print(f"{a['clients']:>5} -> {b['clients']:<5} clients x{n_ratio:.1f}: time x{t_ratio:.1f}, "
-              f"exponent log(t2/t1)/log(N2/N1) = {exponent:.2f}")
+              f"exponent log(t2/t1)/log(N2/N1) = {exponent:.2f} (CPU time: {cpu_exponent:.2f})")
+
+    comparisons = []
+    if args.compare:
+        comparisons = compare_all(args)
 
     figures = {"tau": args.tau, "dim": args.dim, "outer_loops": args.outer_loops, "hidden": 128,
                "torch_threads": torch.get_num_threads(), "cpu_count": os.cpu_count(),
                "torch": torch.__version__, "machine": platform.processor() or platform.machine(),
-               "runs": runs, "growth": growth}
+               "runs": runs, "growth": growth,
+               "compare_reference_schedule": comparisons}
     out = Path(__file__).parent / "results" / "aggregation.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(figures, indent=2))
     print(f"wrote {out}")
+
+
+def compare_all(args) -> list[dict]:
+    """--compare: the benchmark's inputs up to --compare-max clients, then the two-group test case."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+    from test_clustering import two_groups
+
+    out = []
+    for n in (n for n in args.clients if n <= args.compare_max):
+        row = {"case": f"benchmark, {n} clients", **compare_schedules(
+            fedprime_like_pools(n, args.tau, args.dim, args.seed), args.outer_loops, args.seed)}
+        print(row, flush=True)
+        out.append(row)
+    merged = {"reference": 0, "ours": 0}
+    for seed in range(20):
+        pools, groups, _ = two_groups(n_clients=5, dim=32, seed=seed)
+        row = {"case": f"two groups, seed {seed}", **compare_schedules(pools, args.outer_loops, seed)}
+        for name, result in (("reference", per_client_schedule(pools, torch.Generator().manual_seed(seed))),
+                             ("ours", clustering.cluster_prompts(pools, torch.Generator().manual_seed(seed)))):
+            a, b = (set(result.assignment[groups == k].tolist()) for k in (0, 1))
+            merged[name] += len(a) == 1 and len(b) == 1 and a != b
+        out.append(row)
+    keys = ("identical_assignments", "rand_index", "pool_distance_max", "nearest_prompt_distance")
+    summary = {k: round(float(np.mean([r[k] for r in out[-20:]])), 4) for k in keys}
+    print(f"two groups, 20 seeds (means): {summary}; one centroid per group: reference {merged['reference']}/20, "
+          f"ours {merged['ours']}/20", flush=True)
+    out.append({"case": "two groups, 20 seeds, mean", **summary, "one_centroid_per_group": merged})
+    return out
 
 
 if __name__ == "__main__":

@@ -113,7 +113,7 @@ def _parser() -> argparse.ArgumentParser:
     pretrain.add_argument("backbone", choices=["tiny-clip", "tiny-vilt"],
                           help="tiny-clip: contrastive on synthetic-scenes (about 2 min on 2 cores); tiny-vilt: "
                                "image-text matching and a pair-vs-modality contrastive term on synthetic-recipes "
-                               "(about 1 1/2 min)")
+                               "(about 2 1/2 min)")
     pretrain.add_argument("--force", action="store_true", help="pretrain again even if a cached copy exists")
     return parser
 
@@ -309,7 +309,7 @@ def _pretrain(args) -> None:
         result = pretrain_vilt.pretrain_tiny_vilt()
         print(f"pretrained in {result['seconds']:.0f} s; held-out image-text matching accuracy "
               f"{result['itm_accuracy']:.4f} (chance 0.5)\nlinear probe on the pooled feature, synthetic-recipes "
-              f"test accuracy, untrained -> pretrained:")
+              f"val accuracy, untrained -> pretrained:")
         for setting in pretrain_vilt.PROBE_SETTINGS:
             print(f"  {setting:<14} {result[f'probe_untrained_{setting}']:.4f} -> {result[f'probe_{setting}']:.4f}")
         print(f"saved {result['path']}")

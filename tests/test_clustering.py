@@ -4,7 +4,8 @@ import pytest
 import torch
 from scipy.optimize import linear_sum_assignment
 
-from fedvlp.platform.clustering import _loglik_all, cluster_prompts, hungarian_cluster
+from fedvlp.platform.clustering import (MAX_POOL_FACTOR, _gaussian_terms, _loglik_all, cluster_pool, cluster_prompts,
+                                       hungarian_cluster, hungarian_cluster_report)
 
 KEY = "inter_pool.prompts"
 
@@ -100,7 +101,7 @@ def test_identical_pools_collapse_onto_those_prompts():
     assert len(result.used) == tau
     assert all(sorted(row) == sorted(result.assignment[0]) for row in result.assignment.tolist())
     # prompt j of every client sits in the same centroid, and that centroid is prompt j up to Adam's drift
-    drift = loops * n_clients * lr  # Adam moves a coordinate by about lr per step
+    drift = loops * lr  # one Adam step per outer loop moves a coordinate by about lr
     for j in range(tau):
         assert len(set(result.assignment[:, j].tolist())) == 1
         centroid = result.centroids[result.assignment[0, j]]
@@ -140,7 +141,90 @@ def test_vectorised_loglik_matches_torch_distributions():
     std = 0.1 + torch.rand(7, 16, generator=gen, dtype=torch.float64)
     normal = torch.distributions.Normal(centroids[None], std[None])
     ref = torch.distributions.Independent(normal, 1).log_prob(x[:, None])
-    assert torch.allclose(_loglik_all(x, centroids, std), ref, rtol=1e-10, atol=1e-10)
+    assert torch.allclose(_loglik_all(x, _gaussian_terms(centroids, std)), ref, rtol=1e-10, atol=1e-10)
+
+
+def client_groups(n_clients: int, split: int, tau: int, dim: int, seed: int, scale: float = 0.1,
+                  noise: float = 0.02):
+    """Clients 0..split-1 hold tau prompts near the modes a_1..a_tau, the others near b_1..b_tau, each client in
+    its own shuffled order. Returns the pools and each prompt's mode id [n_clients, tau] (a_j: j, b_j: tau + j)."""
+    gen = torch.Generator().manual_seed(seed)
+    modes = scale * torch.randn(2 * tau, dim, generator=gen)
+    pools, mode_of = [], []
+    for t in range(n_clients):
+        ids = torch.randperm(tau, generator=gen) + (0 if t < split else tau)
+        pools.append(modes[ids] + noise * scale * torch.randn(tau, dim, generator=gen))
+        mode_of.append(ids.numpy())
+    return pools, np.stack(mode_of), modes
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_two_client_groups_merge_within_each_group_and_never_across(seed):
+    n_clients, split, tau = 7, 3, 3
+    pools, mode_of, modes = client_groups(n_clients, split, tau, dim=32, seed=seed)
+    update = cluster_pool(pools, torch.Generator().manual_seed(seed))          # defaults: selected, used
+    result = update.clustering
+    group_of_client = np.arange(n_clients) >= split
+    for centroid in result.used:
+        holders = np.nonzero(result.assignment == centroid)
+        # never across groups, and each cluster is one mode held by every client of its group
+        assert len(set(group_of_client[holders[0]].tolist())) == 1
+        assert len(set(mode_of[holders].tolist())) == 1
+        assert len(holders[0]) == (split if not group_of_client[holders[0][0]] else n_clients - split)
+    assert len(result.used) == 2 * tau and update.prompts.shape == (2 * tau, 32)
+    assert update.diagnostics["centroids_used"] == 2 * tau and update.diagnostics["shared_clusters"] == 1.0
+    # the new pool is the 2 tau modes, up to the noise and Adam's drift (5 steps of 1e-3 per coordinate)
+    assert match_rows(update.prompts, modes).max().item() < 0.01 * 32 ** 0.5 + 5e-3 * 32 ** 0.5
+
+
+def test_only_the_selected_rows_are_clustered_and_the_rest_dropped_or_carried():
+    n_clients, tau, dim = 4, 6, 16
+    prompts = 0.1 * torch.randn(tau, dim, generator=torch.Generator().manual_seed(3))
+    pools = [prompts + 1e-3 * torch.randn(tau, dim, generator=torch.Generator().manual_seed(t))
+             for t in range(n_clients)]
+    pools = [torch.cat([p[:4], prompts[4:]]) for p in pools]      # rows 4 and 5: untouched by every client
+    selected = [np.array([True, True, False, False, False, False]), np.array([False, True, True, False, False, False]),
+                np.array([False, False, False, True, False, False]), np.zeros(tau, bool)]
+    used = cluster_pool(pools, torch.Generator().manual_seed(0), selected=selected)
+    assert used.rows.tolist() == [0, 1, 2, 3]                   # the union, from every client
+    assert used.clustering.assignment.shape == (n_clients, 4)
+    assert used.prompts.shape == (4, dim) and len(used.carried) == 0
+    assert match_rows(used.prompts, prompts[:4]).max().item() < 0.05
+    top = cluster_pool(pools, torch.Generator().manual_seed(0), selected=selected, keep="top")
+    assert top.prompts.shape == (tau, dim) and top.carried.tolist() == [4, 5]
+    assert torch.allclose(top.prompts[4:], prompts[4:])         # carried over as they were
+    everything = cluster_pool(pools, torch.Generator().manual_seed(0), selected=selected, prompts="all")
+    assert everything.rows.tolist() == list(range(tau)) and everything.prompts.shape == (tau, dim)
+
+
+def test_keep_used_returns_every_used_centroid_up_to_max_pool():
+    n_clients, tau, dim = 5, 2, 8
+    gen = torch.Generator().manual_seed(0)
+    pools = [5.0 * torch.randn(tau, dim, generator=gen) for _ in range(n_clients)]   # far apart: no merging
+    update = cluster_pool(pools, torch.Generator().manual_seed(0), max_pool=100)
+    assert update.prompts.shape == (n_clients * tau, dim) and update.diagnostics["centroids_used"] == n_clients * tau
+    assert update.diagnostics["shared_clusters"] == 0.0
+    assert update.diagnostics["client_to_centroid"] < 5 * 1e-3 * dim ** 0.5 * 1.5     # only Adam's drift
+    capped = cluster_pool(pools, torch.Generator().manual_seed(0))
+    assert capped.prompts.shape == (MAX_POOL_FACTOR * tau, dim)
+    assert np.array_equal(capped.kept, update.kept[:MAX_POOL_FACTOR * tau])   # the most-assigned first
+    assert cluster_pool(pools, torch.Generator().manual_seed(0), pool_size=3, max_pool=7).prompts.shape == (7, dim)
+
+
+def test_report_names_the_diagnostics_of_every_key_and_measures_the_move():
+    pools, _, _ = two_groups(n_clients=4, dim=16, seed=5)
+    states = [{KEY: p} for p in pools]
+    previous = {KEY: torch.stack([p for p in pools[0]])}
+    out, report = hungarian_cluster_report(states, [1] * 4, generator=torch.Generator().manual_seed(0),
+                                           previous=previous)
+    assert torch.equal(out[KEY], hungarian_cluster(states, [1] * 4, generator=torch.Generator().manual_seed(0))[KEY])
+    assert set(report) == {f"{KEY}/{name}" for name in
+                           ("centroids_used", "pool_size", "shared_clusters", "client_to_centroid", "moved")}
+    assert report[f"{KEY}/centroids_used"] == 2 and report[f"{KEY}/pool_size"] == 2
+    assert report[f"{KEY}/shared_clusters"] == 1.0
+    # the new prompts are the group means: as far from client 0's prompts as its noise, nowhere near the groups' gap
+    gap = (pools[0][0] - pools[0][1]).norm().item()
+    assert report[f"{KEY}/moved"] < 0.1 * gap and report[f"{KEY}/client_to_centroid"] < 0.1 * gap
 
 
 def test_bad_input_is_rejected():
@@ -154,3 +238,11 @@ def test_bad_input_is_rejected():
         cluster_prompts([torch.zeros(2, 3, 4)], torch.Generator())
     with pytest.raises(ValueError, match="NaN"):
         cluster_prompts([torch.zeros(2, 3), torch.full((2, 3), float("nan"))], torch.Generator())
+    pools = [torch.zeros(2, 3), torch.ones(2, 3)]
+    for options, word in ((dict(prompts="mine"), "prompts"), (dict(keep="all"), "keep"),
+                          (dict(selected=[np.ones(2, bool)]), "masks"),
+                          (dict(selected=[np.ones(3, bool)] * 2), "shape"),
+                          (dict(selected=[np.zeros(2, bool)] * 2), "no client selected"),
+                          (dict(pool_size=3, max_pool=2), "max_pool")):
+        with pytest.raises(ValueError, match=word):
+            cluster_pool(pools, torch.Generator(), **options)

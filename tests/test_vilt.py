@@ -117,12 +117,16 @@ def test_layer_prompts_accumulate_and_only_they_and_the_input_get_gradients(back
         backbone.encode(hidden, mask, {4: shared})
 
 
-def test_pretrained_pooled_feature_probes_better_than_a_random_init(tiny_vilt):
+def test_pretrained_pooled_feature_probes_well_with_either_modality_missing(tiny_vilt):
+    """Measured here, train -> val (targets: 0.6 with both modalities, 0.45 with either one missing);
+    a random initialisation of the same model stays well below on both modalities and without the text."""
     from fedvlp.backbones.pretrain_vilt import probe_accuracies
 
-    pretrained = probe_accuracies(load_vilt(spec()), settings=("full",))["full"]
-    untrained = probe_accuracies(load_vilt(spec(pretrained="none")), settings=("full",))["full"]
-    assert pretrained > untrained + 0.03, (pretrained, untrained)
+    pretrained = probe_accuracies(load_vilt(spec()))
+    untrained = probe_accuracies(load_vilt(spec(pretrained="none")), settings=("full", "text_missing"))
+    print("tiny ViLT pooled-feature probe on val, pretrained:", pretrained, "random init:", untrained)
+    assert pretrained["full"] >= 0.6 and pretrained["text_missing"] >= 0.45 and pretrained["image_missing"] >= 0.45
+    assert pretrained["full"] > untrained["full"] + 0.2 and pretrained["text_missing"] > untrained["text_missing"] + 0.2
 
 
 def test_pretraining_is_bit_identical_for_a_seed(tmp_path, monkeypatch):

@@ -1,37 +1,41 @@
 """The ``synthetic-recipes`` image + text, single-label dataset (DESIGN §5), like UPMC Food-101.
 
 16 classes = 4 cuisines x 4 containers. Class ``c`` is cuisine ``c // 4`` and container
-``c % 4`` (cuisine-major: "ginger bowl", "ginger plate", ..., "lemon tray"). The two factors
-live in different modalities, so the class needs both and losing either one hurts:
+``c % 4`` (cuisine-major: "ginger bowl", "ginger plate", ..., "lemon tray"). Each modality
+carries one factor well and the other one weakly, so either alone names most classes and the
+two together name far more (robustness to a missing modality can show, and so can its cost):
 
-* the **container** (bowl, plate, cup, tray) is drawn only in the image: a light ceramic glyph
-  on a dark table, with 2-3 food blobs on it;
-* the **cuisine** (ginger, basil, chili, lemon) is named only in the text, through its
-  signature ingredients (``SIGNATURE``).
+* the **container** (bowl, plate, cup, tray) is drawn in the image, reliably: a light ceramic
+  glyph on a dark table. The text names it only as a hint: ``P_SERVED`` of the titles end
+  "served in a cup" / "served on a plate", naming the true container with probability
+  ``P_SERVED_TRUE``, else a uniformly random one;
+* the **cuisine** (ginger, basil, chili, lemon) is named in the text, reliably, through its
+  signature ingredients (``SIGNATURE``). The image shows it only as a hint: the colour of the 2-3
+  food blobs on the container, each of its cuisine's palette (``CUISINE_FOOD``: orange/brown,
+  green/lime, red/purple, yellow/cream, disjoint) with probability ``P_FOOD_MATCH``, else any of
+  the 8 food colours.
 
-Each modality is informative but not sufficient on its own, and neither is clean:
+Neither modality is clean:
 
 * Image: the container's position (jitter ``CENTRE_JITTER``), size (``SCALE_RANGE``) and
   colour vary; ``P_CLOSEUP`` of the images are close-ups (``CLOSEUP_SCALE``) that cut the
   container off; the table is a random dark colour, half the time with wood grain; half the
   images hold a metal utensil (``P_UTENSIL``) as a light distractor; lighting gain and pixel
-  noise. The food blobs hint at the cuisine only weakly: each blob takes a colour of its
-  cuisine's palette (``CUISINE_FOOD``) with probability ``P_FOOD_MATCH``, else any of the 8
-  food colours, and the palettes overlap.
+  noise; the food blobs (radius ``BLOB_RADIUS``) sit at random along the container.
 * Text: a short lowercase recipe title of 2-3 ingredients from one of ``TEMPLATES``, padded with
   neutral adjectives and dish words. Each ingredient slot is a signature ingredient of the
   true cuisine with probability ``P_SIGNATURE``, of another cuisine with ``P_CROSS``, else a
   shared pantry ingredient (``SHARED``), so some titles name no cuisine at all and some name
-  two. With probability ``P_SERVED`` the title ends "served in a cup" / "served on a plate",
-  naming the true container with probability ``P_SERVED_TRUE``, else a uniformly random one:
-  a weak hint of the image factor.
+  two.
 
 Every text is words only (no punctuation), uses only ``VOCABULARY`` and has 4-10 words (every
 word is at most 2 open_clip BPE tokens, so at most 22 tokens with start/end, under 32).
 
-Measured (tests/test_recipes.py, seed 0, 2,000 train / 1,000 test, logistic regression on
-2x2-pooled pixels and/or bag of words): image alone 0.26, text alone 0.25, both 0.61;
-container from pixels 0.96, cuisine from words 0.74.
+Measured (tests/test_recipes.py, seed 0, 2,000 train -> 1,000 val, logistic regression on
+2x2-pooled pixels and/or bag of words): image alone 0.61, text alone 0.61, both 0.89. Per
+factor: container from pixels 0.97, cuisine from pixels 0.61; cuisine from words 0.93,
+container from words 0.68. (The previous world, with the container only in the image and the
+cuisine only in the text, gave 0.26 / 0.23 / 0.57.)
 
 Everything is drawn from ``numpy_rng(seed, "data", 10 + SPLITS.index(split))`` (streams 10-14,
 apart from synthetic-scenes' 0-4) in fixed blocks of ``BLOCK`` samples, so a set is a prefix of
@@ -71,10 +75,10 @@ TEMPLATES = (
     ("{a} {i0} {d} with {i1}", 2),
 )
 SERVED = ("served in a bowl", "served on a plate", "served in a cup", "served on a tray")
-P_SIGNATURE = 0.5
-P_CROSS = 0.15
-P_SERVED = 0.2
-P_SERVED_TRUE = 0.6
+P_SIGNATURE = 0.8
+P_CROSS = 0.05
+P_SERVED = 0.8
+P_SERVED_TRUE = 0.75
 
 VOCABULARY: tuple[str, ...] = tuple(sorted(
     {w for group in SIGNATURE for w in group} | set(SHARED) | set(ADJECTIVES) | set(DISHES)
@@ -85,15 +89,15 @@ VOCABULARY: tuple[str, ...] = tuple(sorted(
 FOOD_RGB = np.array([(235, 140, 40), (130, 80, 40), (60, 170, 60), (200, 40, 40),
                      (240, 215, 50), (170, 210, 90), (150, 60, 150), (245, 235, 200)], np.float32)
 FOOD_NAMES = ("orange", "brown", "green", "red", "yellow", "lime", "purple", "cream")
-CUISINE_FOOD = ((0, 1), (2, 3), (3, 4), (4, 5))        # palette of each cuisine, overlapping
-P_FOOD_MATCH = 0.3
+CUISINE_FOOD = ((0, 1), (2, 5), (3, 6), (4, 7))        # palette of each cuisine, disjoint
+P_FOOD_MATCH = 0.8
 P_UTENSIL = 0.5
 CENTRE_JITTER = 0.08                                   # fraction of the canvas, each axis
 SCALE_RANGE = (0.85, 1.1)
 P_CLOSEUP = 0.15                                       # zoomed in: the container is cut off
 CLOSEUP_SCALE = (1.6, 2.2)
 CLOSEUP_JITTER = 0.2
-BLOB_RADIUS = (0.055, 0.085)
+BLOB_RADIUS = (0.07, 0.1)
 NOISE_STD = 5.0
 # Where the food sits on each container, in container units: (centre v, half spread in u).
 FOOD_LINE = ((-0.07, 0.2), (0.05, 0.22), (-0.16, 0.07), (0.02, 0.26))
