@@ -91,12 +91,31 @@ def test_cpu_head_and_gpu_workers():
     assert 1 <= gpu["max_workers"] <= config["max_workers"]
 
 
-def test_every_node_type_names_an_image():
-    # An empty ImageId (or "latest_dlami") makes Ray fall back to an Ubuntu 18.04 DLAMI whose
-    # Python is too old for fedvlp; the file must carry an explicit AMI id to replace.
+PLACEHOLDER_AMI = "ami-CHANGE-ME"
+AMI_ID = r"ami-([0-9a-f]{8}|[0-9a-f]{17})"  # what AWS image ids look like
+
+
+def test_image_id_is_an_explicit_placeholder():
+    # An empty ImageId (or "latest_dlami") makes Ray fall back to an Ubuntu 18.04 DLAMI whose Python is too old for
+    # fedvlp, and a made-up id that looks real hides that it must be replaced: the file carries one placeholder, which
+    # is not an AMI id, for every node type, on a line that says so.
+    assert not re.fullmatch(AMI_ID, PLACEHOLDER_AMI)
     for name, node_type in load()["available_node_types"].items():
-        image = node_type["node_config"].get("ImageId", "")
-        assert re.fullmatch(r"ami-[0-9a-f]{8,17}", image), name
+        assert node_type["node_config"].get("ImageId") == PLACEHOLDER_AMI, name
+    lines = [line for line in TEXT.splitlines() if PLACEHOLDER_AMI in line and not line.lstrip().startswith("#")]
+    assert len(lines) == 1, lines  # one anchor (&dlami): one value to replace
+    assert "CHANGE ME" in lines[0] and "placeholder" in lines[0]
+    assert f"placeholder `{PLACEHOLDER_AMI}`" in TEXT.split("\ncluster_name:")[0]  # step 0 of the walk-through
+    values = [line.split("#")[0] for line in TEXT.splitlines()]
+    assert not any(re.search(rf"\b{AMI_ID}\b", v) for v in values), "a real-looking AMI id outside the comments"
+
+
+def test_a_real_image_id_replaces_the_placeholder_everywhere():
+    real = "ami-0abcdef1234567890"  # AWS's documentation example
+    config = yaml.safe_load(TEXT.replace(PLACEHOLDER_AMI, real))
+    for name, node_type in config["available_node_types"].items():
+        assert node_type["node_config"]["ImageId"] == real and re.fullmatch(AMI_ID, real), name
+    ray_validate(config)
 
 
 def test_dashboard_and_mlflow_bind_to_localhost_only():
