@@ -68,11 +68,25 @@ def test_pools_switch_and_server_rules(world, pools, expected):
     for key, rule in rules.items():
         if key.endswith("query.weight"):
             assert rule == LOCAL                           # the query projection never leaves its client
-        elif key == "inter_pool.prompts":
-            assert rule == "hungarian"
+        elif key in ("inter_pool.prompts", "inter_pool.selected"):
+            assert rule == "hungarian"                     # the pool and which of its prompts the client used
         else:
             assert rule == "fedavg"                        # intra prompts, pooler, classifier
-    assert method.server_options()["hungarian"] == {"outer_loops": 5, "lr": 1e-3}
+    assert method.server_options()["hungarian"] == {"outer_loops": 5, "lr": 1e-3, "prompts": "selected",
+                                                    "keep": "used", "pool_size": 20, "max_pool": None}
+
+
+def test_the_inter_pool_marks_what_it_retrieved_and_takes_the_servers_size(world):
+    method = build(world, "fedprime", pools="inter", top_k=2, pool_size=6, local_epochs=1)
+    method.local_update(ClientData(world["train"].features[:64], world["train"].labels[:64]),
+                        torch.Generator().manual_seed(0))
+    selected = method.global_state()["inter_pool.selected"]
+    assert selected.shape == (6,) and 2 <= selected.sum() <= 6 and set(selected.tolist()) <= {0.0, 1.0}
+    state = {**method.global_state(), "inter_pool.prompts": torch.randn(9, method.inter_pool.prompts.shape[1]),
+             "inter_pool.selected": torch.zeros(9)}
+    method.load(state, None)  # a server that kept 9 used centroids
+    assert method.inter_pool.prompts.shape[0] == 9 and torch.equal(method.inter_pool.prompts, state["inter_pool.prompts"])
+    assert method(world["test"][:4]).shape == (4, 16)
 
 
 def test_top_k_larger_than_the_pool_is_a_config_error():
@@ -169,6 +183,9 @@ def test_federated_fedprime_logs_the_six_evaluation_sets(tiny_vilt, ray_cluster,
         for metric in ("accuracy", "macro_f1"):
             history = client.get_metric_history(result.run_id, f"{name}_{metric}")
             assert [m.step for m in history] == [0, 1, 2, 3], f"{name}_{metric}"
+    for name in ("centroids_used", "pool_size", "shared_clusters", "moved"):  # the clustering, visible every round
+        history = client.get_metric_history(result.run_id, f"server/hungarian/inter_pool.prompts/{name}")
+        assert [m.step for m in history] == [1, 2, 3], name
     # the query projections stay on the clients: the personal models differ from the global one
     assert result.final["personal_accuracy"] != result.final["test_accuracy"]
     assert result.final["val_accuracy"] > result.initial["val_accuracy"] + 0.04

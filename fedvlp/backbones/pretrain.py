@@ -5,7 +5,8 @@ a fixed number of steps (not a time budget) and named random streams, so the sam
 bit-identical weights. Each result is cached under the user cache dir, keyed by a hash of its
 recipe *and of the code that produces it* (the syntax trees of the pretraining module, the data
 generator and the model code, and the model config: `_Recipe.code`), so a changed recipe or
-generator is never served from a stale cache, while comments and docstrings leave the key alone. Entries are written atomically, so a killed run never leaves a bad file.
+generator is never served from a stale cache, while comments and docstrings leave the key alone.
+Entries are written atomically, so a killed run never leaves a bad file.
 """
 from __future__ import annotations
 

@@ -51,10 +51,21 @@ class FedPrimeParams:
     local_epochs: int = spec_field(1, "local epochs per round (reference: 1)", ge=1, tune=int_range(1, 5))
     outer_loops: int = spec_field(5, "server clustering: alternations of Adam steps and Hungarian matching", ge=1)
     cluster_lr: float = spec_field(1e-3, "server clustering: Adam learning rate", gt=0)
+    cluster_prompts: Literal["selected", "all"] = spec_field(
+        "selected", "server clustering: only the inter prompts the clients retrieved this round (the reference), "
+                    "or the whole pool")
+    keep_centroids: Literal["used", "top"] = spec_field(
+        "used", "server clustering: every used centroid becomes a prompt (the paper; the pool size varies, at most "
+                "max_pool), or the pool_size most used ones (a fixed size)")
+    max_pool: int | None = spec_field(None, "keep_centroids=used: the most prompts the inter pool may grow to "
+                                            "(null: 4 x pool_size)", ge=1)
 
     def __post_init__(self):
         if self.top_k > self.pool_size:
             raise ConfigError(f"method.top_k: expected at most method.pool_size={self.pool_size}, got {self.top_k}")
+        if self.max_pool is not None and self.max_pool < self.pool_size:
+            raise ConfigError(f"method.max_pool: expected at least method.pool_size={self.pool_size}, "
+                              f"got {self.max_pool}")
 
 
 def vilt_classifier(dim: int, num_classes: int, generator: torch.Generator) -> torch.nn.Sequential:
@@ -88,21 +99,30 @@ class FedPrime(Method):
     Params = FedPrimeParams
     backbone_kind = "vilt"
     feature_kind = "embeddings"
-    server_rules = {"": "fedavg", "inter_pool.prompts": "hungarian", "intra_pool.query": LOCAL,
-                    "inter_pool.query": LOCAL}
+    server_rules = {"": "fedavg", "inter_pool.prompts": "hungarian", "inter_pool.selected": "hungarian",
+                    "intra_pool.query": LOCAL, "inter_pool.query": LOCAL}
     make_inputs = staticmethod(token_inputs)
 
     def __init__(self, params: FedPrimeParams, backbone, task, generator=None):
         super().__init__(params, backbone, task)
         dim, batchwise = backbone.hidden_size, params.selection == "batch"
-        pool = lambda: PromptPool(params.pool_size, dim, params.top_k, batchwise, generator)  # noqa: E731
-        self.intra_pool = pool() if params.pools in ("both", "intra") else None
-        self.inter_pool = pool() if params.pools in ("both", "inter") else None
+        pool = lambda inter: PromptPool(params.pool_size, dim, params.top_k, batchwise, generator,  # noqa: E731
+                                        track_selection=inter)
+        self.intra_pool = pool(False) if params.pools in ("both", "intra") else None
+        self.inter_pool = pool(True) if params.pools in ("both", "inter") else None
         self.pooler = trainable_pooler(backbone)
         self.classifier = vilt_classifier(dim, len(task.class_names), generator)
 
     def server_options(self) -> dict[str, dict]:
-        return {"hungarian": {"outer_loops": self.params.outer_loops, "lr": self.params.cluster_lr}}
+        p = self.params
+        return {"hungarian": {"outer_loops": p.outer_loops, "lr": p.cluster_lr, "prompts": p.cluster_prompts,
+                              "keep": p.keep_centroids, "pool_size": p.pool_size, "max_pool": p.max_pool}}
+
+    def load(self, global_state, local_state) -> None:
+        """The inter pool takes the size of the global state's (the server keeps every used centroid)."""
+        if self.inter_pool is not None and "inter_pool.prompts" in global_state:
+            self.inter_pool.resize(len(global_state["inter_pool.prompts"]))
+        super().load(global_state, local_state)
 
     def scores(self, inputs: TokenInputs) -> tuple[torch.Tensor, torch.Tensor]:
         """(logits [B, C], the retrieval similarity summed over the pools)."""
@@ -127,5 +147,7 @@ class FedPrime(Method):
             logits, similarity = self.scores(inputs)
             return F.cross_entropy(logits, labels) - self.params.retrieval_weight * similarity
 
+        if self.inter_pool is not None:
+            self.inter_pool.reset_selection()  # what this client retrieves in this round
         optimizer = torch.optim.SGD(self.trainable_parameters(), lr=self.params.lr)
         return self.train_epochs(data, generator, optimizer, batch_loss)

@@ -119,10 +119,15 @@ class PromptPool(torch.nn.Module):
     L2-normalised; the top-k prompts by cosine similarity are selected, per sample, or
     `batchwise` as the reference code does: the k prompts most often in the samples' top-k,
     used for the whole batch.
+
+    With `track_selection`, the buffer `selected` marks every prompt retrieved in training since
+    `reset_selection()` (the reference's checklist): it travels with the pool, so the server can
+    cluster only the prompts the clients used. `resize(n)` rebuilds the pool for a global state of
+    another size (FED-PRIME's server keeps every used centroid, so the pool size varies by round).
     """
 
     def __init__(self, size: int, dim: int, top_k: int, batchwise: bool, generator: torch.Generator,
-                 patch_size: int = 32):
+                 patch_size: int = 32, track_selection: bool = False):
         super().__init__()
         bound = (6.0 / (3 * patch_size * patch_size + dim)) ** 0.5  # the reference's uniform init
         self.prompts = torch.nn.Parameter(torch.empty(size, dim).uniform_(-bound, bound, generator=generator))
@@ -130,6 +135,18 @@ class PromptPool(torch.nn.Module):
         with torch.no_grad():
             self.query.weight.uniform_(-1.0, 1.0, generator=generator)
         self.top_k, self.batchwise = top_k, batchwise
+        if track_selection:
+            self.register_buffer("selected", torch.zeros(size))
+
+    def reset_selection(self) -> None:
+        if hasattr(self, "selected"):
+            self.selected.zero_()
+
+    def resize(self, size: int) -> None:
+        if size != len(self.prompts):
+            self.prompts = torch.nn.Parameter(self.prompts.new_empty(size, self.prompts.shape[1]))
+            if hasattr(self, "selected"):
+                self.selected = self.selected.new_zeros(size)
 
     def forward(self, query_features: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(selected prompts [B, k, D], mean over the batch of the summed cosine of query and selected keys)."""
@@ -140,4 +157,6 @@ class PromptPool(torch.nn.Module):
             counts = torch.bincount(top.flatten(), minlength=len(keys))
             top = counts.topk(self.top_k).indices.expand(len(query), -1)  # ties: lowest index first
         similarity = (keys[top] * query.unsqueeze(1)).sum(-1)              # [B, k]
+        if self.training and hasattr(self, "selected"):
+            self.selected[top.unique()] = 1.0
         return self.prompts[top], similarity.sum(-1).mean()

@@ -168,14 +168,42 @@ class HungarianOptions:
     outer_loops: int = spec_field(5, "alternations of Adam steps and Hungarian matching", ge=1)
     lr: float = spec_field(1e-3, "Adam learning rate of the centroids and networks", gt=0)
     hidden: int = spec_field(128, "width of the scale and popularity networks", ge=1)
+    prompts: Literal["selected", "all"] = spec_field(
+        "selected", "cluster the prompts the clients selected this round (the reference), or every prompt")
+    keep: Literal["used", "top"] = spec_field(
+        "used", "every used centroid becomes a prompt (the paper; bounded by max_pool), or the pool_size most used")
+    pool_size: int | None = spec_field(None, "the method's pool size tau (null: the size the clients sent)", ge=1)
+    max_pool: int | None = spec_field(None, "keep=used: the most prompts the pool may grow to (null: 4 tau)", ge=1)
+
+
+SELECTED = "selected"  # beside a pool "<module>.prompts", "<module>.selected" masks the prompts a client used
+
+
+def _mask_key(key: str) -> str:
+    module, _, _ = key.rpartition(".")
+    return f"{module}.{SELECTED}" if module else SELECTED
 
 
 def _hungarian(states: Sequence[State], num_samples: Sequence[int], previous: State, state: dict,
-               generator: torch.Generator, options: HungarianOptions) -> tuple[State, dict]:
-    from fedvlp.platform.clustering import hungarian_cluster  # scipy and the clustering nets load on use
+               generator: torch.Generator, options: HungarianOptions) -> tuple[State, dict, dict]:
+    """Every pool key is clustered (`clustering.cluster_pool`); a "<module>.selected" mask beside a pool
+    "<module>.prompts" says which of its prompts each client selected (a float 0/1 vector), and comes back
+    zeroed at the new pool's size. Returns the diagnostics of every pool, to log each round."""
+    from fedvlp.platform.clustering import cluster_pool  # scipy and the clustering nets load on use
 
-    return hungarian_cluster(states, num_samples, generator=generator, outer_loops=options.outer_loops,
-                             lr=options.lr, hidden=options.hidden), state
+    out, metrics = {}, {}
+    for key in (k for k in states[0] if k.rpartition(".")[2] != SELECTED):
+        mask = _mask_key(key)
+        masks = [s[mask] > 0 for s in states] if mask in states[0] else None
+        update = cluster_pool([s[key] for s in states], generator, selected=masks, prompts=options.prompts,
+                              keep=options.keep, pool_size=options.pool_size, max_pool=options.max_pool,
+                              previous=previous.get(key), outer_loops=options.outer_loops, lr=options.lr,
+                              hidden=options.hidden)
+        out[key] = update.prompts
+        if masks is not None:
+            out[mask] = states[0][mask].new_zeros(len(update.prompts))
+        metrics.update({f"{key}/{name}": value for name, value in update.diagnostics.items()})
+    return out, state, metrics
 
 
 register_rule(ServerRule("hungarian", "custom", _hungarian, options=HungarianOptions,
@@ -196,17 +224,20 @@ class RuleInputs:
 
 
 def apply_rule(rule: ServerRule | str, inputs: RuleInputs,
-               average: Callable[[list[State], list[float]], State] | None = None) -> tuple[State, dict]:
-    """(new parameters, new rule state) of `rule` (or the rule of that name in this process's registry).
-    `average` (default `weighted_average`) takes the cohort's weighted average for average rules: the
-    coordinator passes its private or secure variant here."""
+               average: Callable[[list[State], list[float]], State] | None = None) -> tuple[State, dict, dict]:
+    """(new parameters, new rule state, the round's diagnostics) of `rule` (or the rule of that name in this
+    process's registry). A rule returns (parameters, state), or (parameters, state, diagnostics): numbers the
+    coordinator logs every round. `average` (default `weighted_average`) takes the cohort's weighted average for
+    average rules: the coordinator passes its private or secure variant here."""
     if isinstance(rule, str):
         rule = RULES.get(rule)
     if rule.kind == "average":
         mean = (average or weighted_average)(inputs.states, rule_weights(rule, inputs.num_samples))
-        return rule.run(inputs.previous, mean, inputs.state, inputs.options)
-    return rule.run(inputs.states, inputs.num_samples, inputs.previous, inputs.state, inputs.generator,
-                    inputs.options)
+        result = rule.run(inputs.previous, mean, inputs.state, inputs.options)
+    else:
+        result = rule.run(inputs.states, inputs.num_samples, inputs.previous, inputs.state, inputs.generator,
+                          inputs.options)
+    return result if len(result) == 3 else (*result, {})
 
 
 def state_nbytes(state: State) -> int:

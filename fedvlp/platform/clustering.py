@@ -86,8 +86,8 @@ Properties inherited from the reference model, worth knowing when reading result
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import numpy as np
 import torch

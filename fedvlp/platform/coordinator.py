@@ -53,15 +53,16 @@ class Coordinator:
         sizes = [u.num_samples for u in updates]
         if not updates or sum(sizes) == 0:
             raise RuntimeError(f"round {round_index}: no client update carries data")
-        new_state = {}
+        new_state, diagnostics = {}, {}
         for rule_name, keys in itertools.groupby(sorted(self.rules, key=self.rules.get), key=self.rules.get):
             keys = list(keys)
             inputs = RuleInputs([{k: u.global_state[k] for k in keys} for u in updates], sizes,
                                 {k: self.state[k] for k in keys}, self.rule_states.get(rule_name, {}),
                                 torch_generator(self.seed, "aggregate", round_index), self.rule_options.get(rule_name))
             # by name: Ray ships this class by value, so it must not capture the driver's registry
-            params, self.rule_states[rule_name] = apply_rule(rule_name, inputs)
+            params, self.rule_states[rule_name], metrics = apply_rule(rule_name, inputs)
             new_state.update(params)
+            diagnostics.update({f"server/{rule_name}/{name}": value for name, value in metrics.items()})
         self.state = new_state
         for u in updates:
             if u.local_state:
@@ -78,6 +79,7 @@ class Coordinator:
                       / max(1, sum(u.num_samples for u in updates if name in u.stats)) for name in stat_names},
             "bytes_up": sum(state_nbytes(u.global_state) for u in updates),
             "bytes_down": len(updates) * state_nbytes(self.state),
+            "server": diagnostics,  # what the server rules report about the round (e.g. the clustering's)
             "timings": [(u.client_id, u.worker, u.started, u.finished) for u in updates],
         }
 

@@ -224,7 +224,7 @@ def _train_round(spec, round_index: int, coordinator, pool: WorkerPool, clock: V
                        spec.resources.round_timeout_s)[0]
     metrics.update(train_loss=summary["train_loss"], bytes_up=summary["bytes_up"], bytes_down=summary["bytes_down"],
                    clients=len(summary["clients"]), failed_clients=len(failures), late_clients=len(late),
-                   replaced_workers=replaced, timings=summary["timings"],
+                   replaced_workers=replaced, timings=summary["timings"], **summary["server"],
                    **{f"train_{name}": value for name, value in summary["stats"].items()})
     return metrics, failures
 

@@ -1,0 +1,285 @@
+"""FedLoRA: LoRA adapters on the frozen backbone, averaged by FedAvg; the PEFT baseline of the prompt methods.
+
+Flower's FlowerTune, FederatedScope's FS-LLM and NVFlare's NeMo examples fine-tune through LoRA (Hu et al.,
+ICLR 2022): a frozen weight W gets a trainable low-rank update, W x + (alpha / r) B A x, with A [r, in]
+random and B [out, r] zero at the start, so the adapted model starts as the frozen one. Two methods,
+both built with peft's own machinery (`LoraConfig`, `inject_adapter_in_model`,
+`get_peft_model_state_dict` / `set_peft_model_state_dict`; nothing here computes a LoRA product):
+
+* `fedlora` (CLIP, cached pooled image features): LoRA on the MLP of every block of the text encoder
+  (`mlp.c_fc` and `mlp.c_proj`, `method.targets`). The classes are scored through hand-written prompts
+  ("a photo of a {class}.", `method.template`) encoded at every step by the adapted text encoder;
+  logit_c = s * cos(image, text_c) + b with a learned scale s and bias b, as PromptFL; masked binary
+  cross-entropy (multi-label) or cross-entropy (single-label). The frozen image features stay cached.
+* `fedlora_vilt` (ViLT, the FED-PRIME family's missing-modality inputs): LoRA on the query and value
+  projections of every transformer layer (`method.targets`), plus FedAvg-P's trainable pooler and
+  classifier head; cross-entropy. Evaluated, like every ViLT method, on the test split under the
+  training setting and the six fixed missing-modality sets.
+
+What crosses the wire is exactly the trainable state, all FedAvg'd (weighted by client data size): the
+LoRA tensors, as `get_peft_model_state_dict` names them (`text.resblocks.0.mlp.c_fc.lora_A.weight`, ...;
+`encoder.layer.0.attention.attention.query.lora_B.weight`, ...), and the heads (`log_scale` and `bias`;
+`pooler.*` and `classifier.*`). The frozen weights the adapters sit on are not state: `state_dict()` and
+`load_state_dict()` go through peft and leave them out, so the platform's `global_state`, `load` and the
+engine's server rules see only the communicated tensors.
+
+FFA-LoRA (`method.ffa: true`; Sun et al., "Improving LoRA in privacy-preserving federated learning",
+ICLR 2024): A stays frozen at its seeded initialisation and only B is trained and sent. A is drawn from
+the run's "init" seed stream, so it is the same on every client, worker and resumed run and never needs
+to travel; the average of the clients' B A is then exactly (average B) A, where plain FedAvg of A and B
+averages the factors, not their product.
+
+The frozen backbone is the worker's, shared by every client it serves. A method adapts its own copy of
+the backbone's module tree that shares every weight tensor with it (no extra memory) and runs the
+backbone's own code (`encode_token_embeddings`, `encode`) on that copy, so at the start (B = 0) its
+outputs are bitwise those of the frozen model, and the shared backbone's modules are never touched.
+A's initialisation (peft draws it from torch's global RNG) is seeded from the method's generator in a
+forked RNG; LoRA dropout, when `method.dropout` > 0, is seeded from the client's generator the same way,
+so a run is reproducible bit for bit (the default dropout is 0). The frozen layers always run in eval
+mode, exactly as the frozen backbone does; only the adapters' dropout follows train/eval.
+
+Optimiser (`method.optimizer`): on CLIP AdamW without weight decay (= Adam) at lr 2e-3, as PromptFL's
+Adam, the optimiser of the LoRA paper and of the federated LoRA frameworks above. On ViLT plain SGD at
+lr 0.05 with FedAvg-P's lr range, as the FED-PRIME family it is compared with, so the study compares
+parameterisations under one optimiser and one tuning protocol. In the tiny-ViLT world the optimiser
+matters more than LoRA: with AdamW the pooler and classifier alone reach ~0.73 accuracy after three
+local epochs on 600 pairs, where SGD at lr 0.05 leaves every ViLT method near 0.1; `optimizer: adamw`
+(with an lr around 2e-3) is the LoRA-as-usually-run variant. Under SGD LoRA moves slowly: at B = 0 A gets
+no gradient, and B's is scaled by the small random A. Both optimisers are built afresh every round.
+
+What peft cannot wrap here: the attention of open_clip's text encoder. It is a torch
+`nn.MultiheadAttention`, whose query/key/value projection is a bare parameter (`in_proj_weight`, no
+`nn.Linear` to wrap) and whose output projection `out_proj` is an `nn.Linear` that the attention never
+calls (it passes `out_proj.weight` to `F.multi_head_attention_forward`): an adapter on `out_proj` alone is
+silently ignored. peft's answer is its `lora.MultiheadAttention` layer, which adapts the whole attention
+by adding B A to `in_proj_weight` and `out_proj.weight` before every forward and subtracting it after;
+(W + dW) - dW is not W in floating point, so the frozen weights would drift with every forward, by an
+amount that depends on how many forwards the worker has run: results would depend on which worker
+served which client, and a resumed run would not be bitwise. So `fedlora` adapts the text encoder's
+MLP linears only. ViLT's attention projections are plain `nn.Linear`s, which peft wraps directly.
+"""
+from __future__ import annotations
+
+import contextlib
+import copy
+import math
+from dataclasses import dataclass
+from typing import ClassVar, Literal
+
+import torch
+import torch.nn.functional as F
+from peft import LoraConfig, get_peft_model_state_dict, inject_adapter_in_model, set_peft_model_state_dict
+from peft.tuners.lora import LoraLayer
+
+from fedvlp.errors import ConfigError
+from fedvlp.methods.base import ClientData, Method, TokenInputs
+from fedvlp.methods.fedprime import token_inputs, trainable_pooler, vilt_classifier
+from fedvlp.methods.registry import register
+from fedvlp.spec import int_range, log_range, spec_field
+
+ADAPTER = "default"  # peft's adapter name; get_peft_model_state_dict strips it from the keys
+# module-name suffixes peft matches (a key matches a target t if it is t or ends with "." + t)
+CLIP_TARGETS = {"mlp": ("c_fc", "c_proj"), "c_fc": ("c_fc",), "c_proj": ("c_proj",)}
+VILT_TARGETS = {"query_value": ("query", "value"), "query_key_value": ("query", "key", "value"),
+                # q, k, v, the attention output (attention.output.dense), the MLP (intermediate.dense, output.dense)
+                "all_linear": ("query", "key", "value", "output.dense", "intermediate.dense")}
+
+
+@dataclass(frozen=True)
+class FedLoraParams:
+    rank: int = spec_field(4, "LoRA rank r", ge=1)
+    alpha: float = spec_field(8.0, "LoRA alpha: the update B A is scaled by alpha / rank", gt=0)
+    dropout: float = spec_field(0.0, "dropout on the adapters' input (0: none; > 0 is seeded per client)", ge=0, lt=1)
+    targets: Literal["mlp", "c_fc", "c_proj"] = spec_field(
+        "mlp", "adapted linears of every text-encoder block: mlp (c_fc and c_proj), c_fc or c_proj only")
+    ffa: bool = spec_field(False, "FFA-LoRA: A frozen at its seeded initialisation and never sent; only B is "
+                                  "trained and averaged (exact average)")
+    template: str = spec_field("a photo of a {}.", "hand-written prompt; {} is replaced by the class name")
+    optimizer: Literal["adamw", "sgd"] = spec_field("adamw", "local optimiser: adamw (no weight decay) or plain sgd")
+    lr: float = spec_field(2e-3, "learning rate (AdamW, as PromptFL's Adam)", gt=0, tune=log_range(3e-4, 3e-2))
+    batch_size: int = spec_field(64, "local batch size", ge=1)
+    local_epochs: int = spec_field(5, "local epochs per round", ge=1, tune=int_range(1, 8))
+    init_bias: float = spec_field(-5.0, "starting bias of the multi-label logits")
+
+    def __post_init__(self):
+        if "{}" not in self.template:
+            raise ConfigError(f"method.template: expected a '{{}}' placeholder for the class name, got {self.template!r}")
+
+
+@dataclass(frozen=True)
+class FedLoraViltParams:
+    rank: int = spec_field(4, "LoRA rank r", ge=1)
+    alpha: float = spec_field(8.0, "LoRA alpha: the update B A is scaled by alpha / rank", gt=0)
+    dropout: float = spec_field(0.0, "dropout on the adapters' input (0: none; > 0 is seeded per client)", ge=0, lt=1)
+    targets: Literal["query_value", "query_key_value", "all_linear"] = spec_field(
+        "query_value", "adapted linears of every layer: query_value (the LoRA paper's), query_key_value, or "
+                       "all_linear (q, k, v, attention output, MLP in and out)")
+    ffa: bool = spec_field(False, "FFA-LoRA: A frozen at its seeded initialisation and never sent; only B is "
+                                  "trained and averaged (exact average)")
+    optimizer: Literal["sgd", "adamw"] = spec_field(
+        "sgd", "local optimiser of adapters and heads: sgd (as FedAvg-P and FED-PRIME) or adamw (no weight decay)")
+    lr: float = spec_field(0.05, "learning rate (SGD, as FedAvg-P)", gt=0, tune=log_range(3e-3, 0.5))
+    batch_size: int = spec_field(64, "local batch size", ge=1)
+    local_epochs: int = spec_field(2, "local epochs per round", ge=1, tune=int_range(1, 5))
+
+
+def shared_copy(backbone: torch.nn.Module) -> torch.nn.Module:
+    """A copy of the backbone's module tree whose parameters and buffers are the backbone's own tensors.
+
+    Adapters injected into it replace modules of the copy only; the backbone's modules, and so every
+    other user of the backbone, never see them. Nothing of the weights is duplicated."""
+    memo = {id(t): t for t in (*backbone.parameters(), *backbone.buffers())}
+    tokenizer = getattr(backbone, "tokenizer", None)
+    if tokenizer is not None:
+        memo[id(tokenizer)] = tokenizer
+    clone = copy.deepcopy(backbone, memo)
+    if not all(a is b for a, b in zip(clone.parameters(), backbone.parameters(), strict=True)):
+        raise RuntimeError("shared_copy: the copy does not share the backbone's weights")
+    return clone
+
+
+def inject_lora(module: torch.nn.Module, targets: tuple[str, ...], params, generator: torch.Generator | None
+                ) -> torch.nn.Module:
+    """peft LoRA adapters (A: peft's default Kaiming-uniform init, B: zero) on `targets` of `module`, in place.
+
+    peft draws A from torch's global RNG: it is seeded here from `generator`, in a forked RNG (the adapters
+    are created on the CPU, so A does not depend on the device either). With `params.ffa` A is frozen."""
+    config = LoraConfig(r=params.rank, lora_alpha=params.alpha, lora_dropout=params.dropout,
+                        target_modules=list(targets), bias="none", init_lora_weights=True)
+    seed = int(torch.randint(2**62, (1,), generator=generator))
+    with torch.random.fork_rng(devices=[]):
+        torch.default_generator.manual_seed(seed)
+        inject_adapter_in_model(config, module, adapter_name=ADAPTER)
+    layers = [m for m in module.modules() if isinstance(m, LoraLayer)]
+    if not layers:
+        raise ConfigError(f"method.targets: no module of the backbone matches {', '.join(targets)}")
+    if params.ffa:
+        for layer in layers:
+            layer.lora_A.requires_grad_(False)
+    return module
+
+
+class LoraMethod(Method):
+    """What both LoRA methods share: the adapted module `adapter_module` (an attribute, registered, so its
+    adapters move, train and count as parameters with the method), a state that is exactly the communicated
+    tensors, the frozen layers held in eval mode, and the local update."""
+    adapter_module: ClassVar[str]
+
+    def _adapted(self) -> torch.nn.Module:
+        return getattr(self, self.adapter_module)
+
+    def state_dict(self, *, destination=None, prefix: str = "", keep_vars: bool = False):
+        """The heads' tensors and the LoRA tensors (through `get_peft_model_state_dict`; only B with FFA):
+        the frozen weights of the adapted module are not part of the method's state."""
+        state = super().state_dict(destination=destination, prefix=prefix, keep_vars=keep_vars)
+        own = f"{prefix}{self.adapter_module}."
+        module_state = {key[len(own):]: state.pop(key) for key in [k for k in state if k.startswith(own)]}
+        lora = get_peft_model_state_dict(self._adapted(), state_dict=module_state, adapter_name=ADAPTER,
+                                         save_embedding_layers=False)
+        for key, value in lora.items():
+            if not (self.params.ffa and ".lora_A." in key):
+                state[own + key] = value
+        return state
+
+    def load_state_dict(self, state_dict, strict: bool = True, assign: bool = False):
+        """The inverse of `state_dict`: the LoRA tensors through `set_peft_model_state_dict`, the heads as usual."""
+        own = f"{self.adapter_module}."
+        expected = set(self.state_dict())
+        missing, unexpected = sorted(expected - set(state_dict)), sorted(set(state_dict) - expected)
+        if strict and (missing or unexpected):
+            raise RuntimeError(f"{type(self).__name__}.load_state_dict: missing keys {missing}, unexpected keys "
+                               f"{unexpected}")
+        lora = {k[len(own):]: v for k, v in state_dict.items() if k.startswith(own) and k in expected}
+        heads = {k: v for k, v in state_dict.items() if not k.startswith(own) and k in expected}
+        loaded = set_peft_model_state_dict(self._adapted(), lora, adapter_name=ADAPTER)
+        if loaded.unexpected_keys:
+            raise RuntimeError(f"set_peft_model_state_dict did not take {sorted(loaded.unexpected_keys)}")
+        super().load_state_dict(heads, strict=False, assign=assign)
+        return torch.nn.modules.module._IncompatibleKeys(missing, unexpected)
+
+    def train(self, mode: bool = True):
+        """The frozen layers stay in eval mode (they compute what the frozen backbone computes); the heads and
+        the adapters' dropout follow `mode`."""
+        super().train(mode)
+        adapted = self._adapted()
+        adapted.eval()
+        for module in adapted.modules():
+            if isinstance(module, LoraLayer):
+                module.lora_dropout.train(mode)
+        return self
+
+    def local_update(self, data: ClientData, generator: torch.Generator) -> dict[str, float]:
+        trainable = [p for p in self.parameters() if p.requires_grad]
+        if self.params.optimizer == "adamw":
+            optimizer = torch.optim.AdamW(trainable, lr=self.params.lr, weight_decay=0.0)
+        else:
+            optimizer = torch.optim.SGD(trainable, lr=self.params.lr)
+        with self._seeded_dropout(generator):
+            return self.train_epochs(data, generator, optimizer)
+
+    @contextlib.contextmanager
+    def _seeded_dropout(self, generator: torch.Generator):
+        """LoRA dropout draws from torch's global RNG: seed it from the client's generator (forked RNG)."""
+        if self.params.dropout == 0:
+            yield
+            return
+        seed = int(torch.randint(2**62, (1,), generator=generator))
+        device = next(self.parameters()).device
+        with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+            torch.manual_seed(seed)
+            yield
+
+
+@register
+class FedLora(LoraMethod):
+    """LoRA on the CLIP text encoder's MLP linears, hand-written prompts, PromptFL's multi-label head."""
+    name = "fedlora"
+    Params = FedLoraParams
+    adapter_module = "text"
+
+    def __init__(self, params: FedLoraParams, backbone, task, generator=None):
+        super().__init__(params, backbone, task)
+        adapted = shared_copy(backbone)
+        object.__setattr__(self, "adapted", adapted)  # out of the module tree, like the backbone
+        self.text = inject_lora(adapted.model.transformer, CLIP_TARGETS[params.targets], params, generator)
+        tokens = backbone.tokenize([params.template.format(name) for name in task.class_names])
+        eot = tokens.argmax(-1)
+        with torch.no_grad():  # cut to the longest prompt, as PromptTemplate does
+            embeddings = backbone.embed_tokens(tokens[:, : int(eot.max()) + 1])
+        self.register_buffer("prompt_embeddings", embeddings.clone(), persistent=False)
+        self.register_buffer("eot", eot, persistent=False)
+        self.log_scale = torch.nn.Parameter(torch.tensor(math.log(backbone.logit_scale)))
+        self.bias = torch.nn.Parameter(torch.tensor(params.init_bias))
+
+    def text_features(self) -> torch.Tensor:
+        """L2-normalised features [C, D] of the class prompts through the adapted text encoder."""
+        return F.normalize(self.adapted.encode_token_embeddings(self.prompt_embeddings, self.eot), dim=-1)
+
+    def forward(self, features: torch.Tensor) -> torch.Tensor:
+        return self.log_scale.exp() * features @ self.text_features().T + self.bias
+
+
+@register
+class FedLoraVilt(LoraMethod):
+    """LoRA on ViLT's query and value projections, FedAvg-P's trainable pooler and classifier head."""
+    name = "fedlora_vilt"
+    Params = FedLoraViltParams
+    backbone_kind = "vilt"
+    feature_kind = "embeddings"
+    adapter_module = "encoder"
+    make_inputs = staticmethod(token_inputs)
+
+    def __init__(self, params: FedLoraViltParams, backbone, task, generator=None):
+        super().__init__(params, backbone, task)
+        adapted = shared_copy(backbone)
+        object.__setattr__(self, "adapted", adapted)  # out of the module tree, like the backbone
+        self.encoder = inject_lora(adapted.model.encoder, VILT_TARGETS[params.targets], params, generator)
+        self.pooler = trainable_pooler(backbone)
+        self.classifier = vilt_classifier(backbone.hidden_size, len(task.class_names), generator)
+
+    def hidden_states(self, inputs: TokenInputs) -> torch.Tensor:
+        """The adapted transformer's last hidden states [B, L, D] (the backbone's `encode`, on the adapted copy)."""
+        return self.adapted.encode(inputs.embeddings, inputs.mask)
+
+    def forward(self, inputs: TokenInputs) -> torch.Tensor:
+        return self.classifier(self.pooler(self.hidden_states(inputs)))
