@@ -1,4 +1,5 @@
-"""The shared numerics: log-domain Sinkhorn against POT, ASL against its formula, region aggregation, FedMPT's OT scores."""
+"""The shared numerics: Sinkhorn and partial OT against POT, ASL against its formula, region aggregation,
+FedMPT's OT scores."""
 from __future__ import annotations
 
 import math
@@ -268,3 +269,19 @@ def test_ot_region_scores_batched_and_differentiable():
     # The gradient is right, through both the cost and the row marginal (fixed iteration count).
     small = torch.rand(4, 3, generator=gen, dtype=torch.float64, requires_grad=True)
     assert torch.autograd.gradcheck(lambda s: ot_region_scores(s, tau=0.5, epsilon=0.2, max_iter=20, tol=0.0), (small,))
+
+
+@pytest.mark.parametrize("epsilon", [0.05, 0.01])
+def test_partial_transport_is_pots_entropic_partial_wasserstein(epsilon):
+    """FedOTP's COT: the prompts take 80 % of the patches' mass, each patch ships at most its own."""
+    from fedvlp.methods.numerics import partial_transport
+
+    gen = torch.Generator().manual_seed(0)
+    cost = 1 - (torch.rand(3, 16, 2, generator=gen, dtype=torch.float64) * 0.6 + 0.2)
+    a, b = torch.full((3, 16), 1 / 16, dtype=torch.float64), torch.full((3, 2), 0.4, dtype=torch.float64)
+    plan = partial_transport(cost, a, b, epsilon=epsilon, max_iter=5000, tol=1e-12)
+    assert torch.allclose(plan.sum(-2), b, atol=1e-9) and (plan.sum(-1) <= a + 1e-9).all()
+    for i in range(3):
+        reference = ot.partial.entropic_partial_wasserstein(a[i].numpy(), b[i].numpy(), cost[i].numpy(), reg=epsilon,
+                                                            m=0.8, numItermax=5000, stopThr=1e-14)
+        assert np.abs(reference - plan[i].numpy()).max() < 1e-7

@@ -37,7 +37,7 @@ from fedvlp.spec import int_range, log_range, spec_field
 
 @dataclass(frozen=True)
 class DualCoOpParams:
-    n_ctx: int = spec_field(4, "context tokens of each prompt (reference 16)", ge=1)
+    n_ctx: int = spec_field(16, "context tokens of each prompt (reference 16)", ge=1)
     ctx_init: str = spec_field(
         "a photo of a", "words the positive context starts from when they are n_ctx tokens; "
         "otherwise (and always for the negative context) N(0, 0.02)")

@@ -1,19 +1,22 @@
 """FedOTP: a global and a local prompt per client, matched to the image patches by optimal transport.
 
 Li et al., "Global and Local Prompts Cooperation via Optimal Transport for Federated Learning"
-(HongxiaLee/FedOTP trainers/GLP_OT.py; REFERENCES §2.2). Every client holds N = 2 prompts:
+(HongxiaLee/FedOTP trainers/GLP_OT.py). Every client holds N = 2 prompts:
 prompt 0 (`global_ctx`) is averaged by the server (FedAvg weighted by data size); prompt 1
 (`local_ctx`) never leaves its client (server rule LOCAL; the coordinator keeps it per client).
 
 Per image and class, the M patch tokens and the 2 prompts' text features are matched by
-entropic OT: cost 1 - cos(patch, text), marginals a = 1/M and b = 1/2, plan T by Sinkhorn
-(computed without gradient, as in the reference), and the class score is
-logit_c = logit_scale * sum_{m,n} T_mn cos_mn (the FedOTP formula; the frozen backbone's
-logit scale). The reference trains single-label cross-entropy; for multi-label data a learned
-bias, shared and averaged like the global prompt, shifts the logits (sum T cos is a weighted
-mean cosine, so every raw logit is of the same sign), and the loss is the asymmetric loss
-(gamma_neg 2, gamma_pos 1, clip 0.05, unknown labels ignored) summed over classes and averaged
-over the batch. Single-label tasks use cross-entropy on the raw logits, as the reference.
+entropic OT on cost 1 - cos(patch, text), with patch marginal a = 1/M: by default the
+reference's unbalanced "COT" variant (`transport: partial`): each prompt receives
+`top_percent` / 2 of the mass and a patch may ship less than its own, so only the patches
+that match carry the prompts (`numerics.partial_transport`); or balanced Sinkhorn with
+b = 1/2 (`transport: balanced`). The plan is computed without gradient, as in the reference,
+and the class score is logit_c = logit_scale * sum_{m,n} T_mn cos_mn (the FedOTP formula; the
+frozen backbone's logit scale). The reference trains single-label cross-entropy; for
+multi-label data a learned bias, shared and averaged like the global prompt, shifts the logits
+(sum T cos is a weighted mean cosine, so every raw logit is of the same sign), and the loss is
+the asymmetric loss (gamma_neg 2, gamma_pos 1, clip 0.05, unknown labels ignored) averaged over
+the known labels. Single-label tasks use cross-entropy on the raw logits, as the reference.
 
 Both prompts start from N(0, 0.02) as in the reference (`ctx_init` words are optional; the two
 prompts then start equal and only drift apart through aggregation, which trained worse on
@@ -29,7 +32,7 @@ from typing import Literal
 import torch
 
 from fedvlp.methods.base import LOCAL, ClientData, Method
-from fedvlp.methods.numerics import sinkhorn
+from fedvlp.methods.numerics import partial_transport, sinkhorn
 from fedvlp.methods.prompts import PromptTemplate
 from fedvlp.methods.registry import register
 from fedvlp.spec import int_range, log_range, spec_field
@@ -39,13 +42,17 @@ NUM_PROMPTS = 2  # prompt 0 global, prompt 1 local (the reference's --num_prompt
 
 @dataclass(frozen=True)
 class FedOTPParams:
-    n_ctx: int = spec_field(4, "context tokens of each prompt (reference 16)", ge=1)
+    n_ctx: int = spec_field(16, "context tokens of each prompt (reference 16)", ge=1)
     ctx_init: str = spec_field(
         "", "words both prompts start from, n_ctx tokens ('' = N(0, 0.02) each, the reference's start)")
     epsilon: float = spec_field(
         0.01, "entropic regularisation of the OT between patches and prompts (reference 0.01)", gt=0)
-    ot_max_iter: int = spec_field(100, "Sinkhorn iterations at most (reference 100)", ge=1)
-    ot_tol: float = spec_field(1e-6, "Sinkhorn stops once the L1 row-marginal error is below this", gt=0)
+    transport: Literal["partial", "balanced"] = spec_field(
+        "partial", "partial: the reference's unbalanced COT (prompts take top_percent of the mass, patches may "
+                   "ship less than theirs); balanced: Sinkhorn with both marginals fixed")
+    top_percent: float = spec_field(0.8, "transport=partial: the mass the prompts receive (reference 0.8)", gt=0, le=1)
+    ot_max_iter: int = spec_field(100, "OT iterations at most (reference 100)", ge=1)
+    ot_tol: float = spec_field(1e-3, "OT stops once its iterates change less than this (reference 1e-3)", gt=0)
     init_bias: float = spec_field(
         -2.0, "starting bias of the multi-label logits (learned, averaged like the global prompt)")
     lr: float = spec_field(0.2, "SGD learning rate, momentum 0.9 (reference 0.001, on a loss summed over classes; "
@@ -85,7 +92,11 @@ class FedOTP(Method):
         a = torch.full((m,), 1.0 / m, dtype=sim.dtype, device=sim.device)
         b = torch.full((n,), 1.0 / n, dtype=sim.dtype, device=sim.device)
         with torch.no_grad():  # the reference treats the plan as a constant
-            plan = sinkhorn(1 - sim, a, b, self.params.epsilon, self.params.ot_max_iter, self.params.ot_tol)
+            p = self.params
+            if p.transport == "partial":
+                plan = partial_transport(1 - sim, a, b * p.top_percent, p.epsilon, p.ot_max_iter, p.ot_tol)
+            else:
+                plan = sinkhorn(1 - sim, a, b, p.epsilon, p.ot_max_iter, p.ot_tol)
         return (plan * sim).sum(dim=(-2, -1))
 
     def forward(self, features: torch.Tensor) -> torch.Tensor:

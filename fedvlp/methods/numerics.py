@@ -98,6 +98,34 @@ def sinkhorn(cost: Tensor, a: Tensor, b: Tensor, epsilon: float = 0.1, max_iter:
     return _sinkhorn_log(cost, torch.log(a), torch.log(b), epsilon, max_iter, tol)[0]
 
 
+def partial_transport(cost: Tensor, a: Tensor, b: Tensor, epsilon: float = 0.01, max_iter: int = 100,
+                      tol: float = 1e-3) -> Tensor:
+    """Entropic partial OT: P = argmin <P, C> - epsilon H(P) s.t. P 1 <= a, P^T 1 = b (so sum P = sum b <= sum a).
+
+    FedOTP's unbalanced "COT" variant (HongxiaLee/FedOTP, `entropic_COT_fast`, itself after POT's
+    `entropic_partial_wasserstein`): with b a fraction (`top_percent`) of a's mass, each region may ship less than
+    its mass, so only the best-matching regions carry the prompts. Iterates, on the Gibbs kernel K = exp(-C/eps),
+    u = min(1, a / (K v)), v = b / (K^T u), and stops when the mean change of v is below `tol` (checked every 10
+    iterations) or after `max_iter`. cost [..., M, N], a [..., M], b [..., N] -> P [..., M, N]; no gradient is
+    needed (FedOTP treats the plan as a constant), so callers run it under `no_grad`.
+    """
+    if epsilon <= 0 or max_iter < 1:
+        raise ValueError(f"partial_transport: need epsilon > 0 and max_iter >= 1, got {epsilon}, {max_iter}")
+    # Shift each problem's exponent by its largest entry: the kernel stays in (0, 1]; u absorbs the constant.
+    neg_c = -cost / epsilon
+    shift = neg_c.amax(dim=(-2, -1), keepdim=True)
+    kernel = torch.exp(neg_c - shift)  # K' = K e^-shift; with u' = u e^shift the plan u' K' v is u K v
+    cap = torch.exp(shift[..., 0]).expand_as(a)  # u <= 1  <=>  u' <= e^shift
+    v = torch.ones_like(b)
+    u = torch.ones_like(a)
+    for iters in range(1, max_iter + 1):
+        u = torch.minimum(a / (kernel * v.unsqueeze(-2)).sum(-1), cap)
+        previous, v = v, b / (kernel * u.unsqueeze(-1)).sum(-2)
+        if iters % _CHECK_EVERY == 0 and float((v - previous).abs().mean()) < tol * float(v.abs().mean()):
+            break
+    return u.unsqueeze(-1) * kernel * v.unsqueeze(-2)
+
+
 def asymmetric_loss(logits: Tensor, targets: Tensor, gamma_neg: float = 4.0, gamma_pos: float = 1.0,
                     clip: float = 0.05, eps: float = 1e-8, reduction: str = "sum",
                     focal_grad: bool = False) -> Tensor:
