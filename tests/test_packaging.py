@@ -1,0 +1,72 @@
+"""Every import is declared where it is used: the package's in `dependencies`, the tests' in the `dev` extra (or
+the package's), the benchmarks' in `bench` (or dev, or the package's); and the wheel ships the configs and spaces."""
+import ast
+import importlib.metadata
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+from packaging.requirements import Requirement
+
+REPO = Path(__file__).resolve().parent.parent
+PROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+LOCAL = {"fedvlp", "conftest", "fedvlp_test_plugin", "fedvlp_examples", "test_readers", "test_clustering", "_common"}
+
+
+def _names(requirements) -> set[str]:
+    return {Requirement(r).name.lower().replace("_", "-") for r in requirements}
+
+
+DECLARED = {
+    "runtime": _names(PROJECT["dependencies"]),
+    "dev": _names(PROJECT["optional-dependencies"]["dev"]),
+    "bench": _names(PROJECT["optional-dependencies"]["bench"]),
+}
+# Distributions that come with a declared one (ray[tune] brings pandas/pyarrow; mlflow brings sqlalchemy ...)
+# are not enough: an import must name its own distribution, so it survives its provider dropping it.
+PROVIDERS = importlib.metadata.packages_distributions()
+
+
+def imported_modules(folder: Path) -> dict[str, set[str]]:
+    """top-level module -> files of `folder` importing it (absolute imports only)."""
+    found: dict[str, set[str]] = {}
+    for path in folder.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module] if isinstance(node, ast.ImportFrom) and node.module and node.level == 0 else []
+            for name in names:
+                found.setdefault(name.split(".")[0], set()).add(str(path.relative_to(REPO)))
+    return found
+
+
+def _undeclared(folder: str, allowed: set[str]) -> dict[str, set[str]]:
+    missing = {}
+    for module, files in imported_modules(REPO / folder).items():
+        if module in sys.stdlib_module_names or module in LOCAL:
+            continue
+        distributions = {d.lower().replace("_", "-") for d in PROVIDERS.get(module, [module])}
+        if not distributions & allowed:
+            missing[f"{module} (from {', '.join(sorted(distributions))})"] = files
+    return missing
+
+
+@pytest.mark.parametrize("folder, extras", [("fedvlp", ("runtime",)), ("tests", ("runtime", "dev")),
+                                            ("benchmarks", ("runtime", "dev", "bench")),
+                                            ("examples", ("runtime",))])
+def test_every_import_is_declared_where_it_is_used(folder, extras):
+    allowed = set().union(*(DECLARED[e] for e in extras))
+    assert _undeclared(folder, allowed) == {}
+
+
+def test_the_check_catches_an_undeclared_import(tmp_path, monkeypatch):
+    monkeypatch.setattr(sys.modules[__name__], "REPO", tmp_path)
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "m.py").write_text("import yaml\nimport sklearn.metrics\nimport json\n")
+    assert set(_undeclared("pkg", {"pyyaml"})) == {"sklearn (from scikit-learn)"}
+
+
+def test_the_package_data_ships_the_configs_and_spaces():
+    data = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]["fedvlp"]
+    assert {"configs/*.yaml", "tune_spaces/*.yaml", "backbones/model_configs/*.json"} <= set(data)
+    assert list((REPO / "fedvlp" / "configs").glob("*.yaml")) and list((REPO / "fedvlp" / "tune_spaces").glob("*.yaml"))
