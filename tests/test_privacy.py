@@ -1,0 +1,181 @@
+"""Client-level DP (fedvlp.platform.privacy): clipping and the noisy average against hand computations with a
+seeded generator, and the accounting against dp_accounting's own RDP accountant and the Gaussian's RDP by hand."""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from fedvlp.platform import privacy
+
+dp_accounting = pytest.importorskip("dp_accounting")
+REPLACE_ONE = dp_accounting.NeighboringRelation.REPLACE_ONE
+
+
+def _t(values, dtype=torch.float32) -> torch.Tensor:
+    return torch.tensor(values, dtype=dtype)
+
+
+# ---------------------------------------------------------------- norms and clipping
+
+def test_update_norm_by_hand():
+    previous = {"w": _t([1.0, 0.0]), "b": _t([[-1.0]], torch.float64)}
+    state = {"w": _t([1.0, 2.0]), "b": _t([[3.0]], torch.float64)}  # delta: [0, 2] and [[4]]
+    assert privacy.update_norm(state, previous) == pytest.approx(math.sqrt(20.0), rel=1e-15)
+    assert privacy.update_norm(previous, previous) == 0.0
+
+
+def test_clip_update_scales_the_whole_update_by_hand():
+    previous = {"w": _t([1.0, 1.0]), "b": _t([0.5], torch.float64)}
+    state = {"w": _t([4.0, 1.0]), "b": _t([4.5], torch.float64)}  # delta [3, 0] and [4]: norm 5
+    clipped = privacy.clip_update(state, previous, clip_norm=2.0)  # factor 2 / 5
+    torch.testing.assert_close(clipped["w"], _t([1.0 + 1.2, 1.0]), rtol=0, atol=1e-7)
+    torch.testing.assert_close(clipped["b"], _t([0.5 + 1.6], torch.float64), rtol=0, atol=1e-15)
+    assert clipped["w"].dtype == torch.float32 and clipped["b"].dtype == torch.float64
+    assert privacy.update_norm(clipped, previous) == pytest.approx(2.0, rel=1e-7)
+    for loose in (5.0, 10.0):  # a norm at or below C is left alone
+        unclipped = privacy.clip_update(state, previous, clip_norm=loose)
+        assert all(torch.equal(unclipped[k], state[k]) for k in state)
+    assert all(torch.equal(privacy.clip_update(previous, previous, 1.0)[k], previous[k]) for k in previous)
+
+
+def test_bad_arguments_raise():
+    state = {"w": _t([1.0])}
+    with pytest.raises(ValueError, match="clip_norm"):
+        privacy.clip_update(state, state, 0.0)
+    with pytest.raises(ValueError, match="keys"):
+        privacy.update_norm({"v": _t([1.0])}, state)
+    with pytest.raises(ValueError, match="states"):
+        privacy.private_average([], state, 1.0, 1.0, torch.Generator())
+    with pytest.raises(ValueError, match="noise_multiplier"):
+        privacy.private_average([state], state, 1.0, -1.0, torch.Generator())
+
+
+# ---------------------------------------------------------------- the noisy average
+
+def _clients():
+    """Three clients around `previous`, inserted in unsorted key order; their update norms are 5, 0.5 and 2."""
+    previous = {"z": _t([1.0, -1.0]), "a": _t([[0.0], [2.0]], torch.float64)}
+    deltas = [([3.0, 0.0], [[0.0], [4.0]]), ([0.3, 0.0], [[0.4], [0.0]]), ([0.0, 2.0], [[0.0], [0.0]])]
+    states = [{"z": previous["z"] + _t(z), "a": previous["a"] + _t(a, torch.float64)} for z, a in deltas]
+    # clipped to C = 1 by hand: factors 1/5, 1 and 1/2
+    clipped_sum = {"z": _t([0.6 + 0.3, 1.0], torch.float64), "a": _t([[0.4], [0.8]], torch.float64)}
+    return states, previous, clipped_sum
+
+
+def test_private_average_by_hand():
+    states, previous, clipped_sum = _clients()
+    sigma, clip = 0.7, 1.0
+    got = privacy.private_average(states, previous, clip, sigma, torch.Generator().manual_seed(123))
+    reference = torch.Generator().manual_seed(123)
+    noise = {key: torch.randn(previous[key].shape, generator=reference, dtype=torch.float64) * sigma * clip
+             for key in sorted(previous)}  # sorted key order: "a" first, though "z" was inserted first
+    for key in previous:
+        expected = previous[key].double() + (clipped_sum[key] + noise[key]) / 3
+        assert got[key].dtype == previous[key].dtype
+        torch.testing.assert_close(got[key], expected.to(previous[key].dtype), rtol=1e-12, atol=1e-12)
+
+
+def test_private_average_without_noise_is_the_mean_of_clipped_updates():
+    states, previous, clipped_sum = _clients()
+    got = privacy.private_average(states, previous, 1.0, 0.0, torch.Generator().manual_seed(0))
+    for key in previous:
+        expected = (previous[key].double() + clipped_sum[key] / 3).to(previous[key].dtype)
+        torch.testing.assert_close(got[key], expected, rtol=1e-12, atol=1e-12)
+
+
+def test_noise_on_the_sum_has_std_sigma_times_clip():
+    n, m, sigma, clip = 200_000, 4, 2.0, 0.5
+    previous = {"w": torch.zeros(n, dtype=torch.float64)}
+    got = privacy.private_average([previous] * m, previous, clip, sigma, torch.Generator().manual_seed(7))
+    noise_on_sum = got["w"] * m
+    # sample std of n Gaussians: relative standard error 1 / sqrt(2n) = 0.16 %; 1 % is six of them
+    assert noise_on_sum.std().item() == pytest.approx(sigma * clip, rel=0.01)
+    assert abs(noise_on_sum.mean().item()) < 6 * sigma * clip / math.sqrt(n)
+
+
+def test_private_average_is_deterministic_in_the_generator():
+    states, previous, _ = _clients()
+    run = lambda s: privacy.private_average(states, previous, 1.0, 1.0, torch.Generator().manual_seed(s))
+    first, again, other = run(5), run(5), run(6)
+    for key in previous:
+        assert torch.equal(first[key], again[key])
+        assert (first[key] != other[key]).all()
+    reordered = [dict(reversed(list(s.items()))) for s in states]  # insertion order does not matter
+    swapped = privacy.private_average(reordered, dict(reversed(list(previous.items()))), 1.0, 1.0,
+                                      torch.Generator().manual_seed(5))
+    assert all(torch.equal(first[k], swapped[k]) for k in previous)
+
+
+# ---------------------------------------------------------------- accounting
+
+def _library_epsilon(event, delta: float) -> float:
+    accountant = dp_accounting.rdp.RdpAccountant(neighboring_relation=REPLACE_ONE)
+    accountant.compose(event)
+    return accountant.get_epsilon(delta)
+
+
+@pytest.mark.parametrize("sigma,num_clients,cohort,rounds", [(1.0, 10, 5, 20), (1.5, 100, 10, 50), (4.0, 50, 1, 7)])
+def test_epsilon_is_dp_accountings_rdp_bound_for_sampling_without_replacement(sigma, num_clients, cohort, rounds):
+    delta = 1e-5
+    # replace-one sensitivity of the clipped sum is 2C: the Gaussian event's multiplier is sigma / 2
+    sampled = dp_accounting.SelfComposedDpEvent(dp_accounting.SampledWithoutReplacementDpEvent(
+        num_clients, cohort, dp_accounting.GaussianDpEvent(sigma / 2)), rounds)
+    unsampled = dp_accounting.SelfComposedDpEvent(dp_accounting.GaussianDpEvent(sigma / 2), rounds)
+    reference = _library_epsilon(sampled, delta)
+    assert reference < _library_epsilon(unsampled, delta)  # the sampled bound is the one returned here
+    assert privacy.epsilon(sigma, num_clients, cohort, rounds, delta) == pytest.approx(reference, rel=1e-12)
+
+
+def test_epsilon_without_sampling_by_hand():
+    """A Gaussian of noise sigma C on a sum of sensitivity 2C has RDP alpha * (2C)^2 / (2 (sigma C)^2) =
+    2 alpha / sigma^2 per round; T rounds add up; epsilon is the library's conversion minimised over its orders
+    (Canonne, Kamath & Steinke, 2020: rdp + log(1 - 1/alpha) - log(delta alpha) / (alpha - 1))."""
+    sigma, rounds, delta = 3.0, 40, 1e-6
+    orders = [a for a in dp_accounting.rdp.rdp_privacy_accountant.DEFAULT_RDP_ORDERS if a > 1.01]
+    by_hand = min(rounds * 2 * a / sigma ** 2 + math.log1p(-1 / a) - math.log(delta * a) / (a - 1) for a in orders)
+    got = privacy.epsilon(sigma, 25, 25, rounds, delta)
+    assert got == pytest.approx(by_hand, rel=1e-12)
+    rho = rounds * 2 / sigma ** 2  # the same as rho-zCDP: the classic conversion is looser
+    assert got < rho + 2 * math.sqrt(rho * math.log(1 / delta))
+
+
+def test_epsilon_moves_the_right_way():
+    eps = lambda sigma=1.0, n=100, m=10, t=50: privacy.epsilon(sigma, n, m, t, 1e-5)
+    by_sigma = [eps(sigma=s) for s in (0.8, 1.0, 1.5, 3.0)]
+    by_rounds = [eps(t=t) for t in (1, 10, 100)]
+    by_cohort = [eps(sigma=2.0, m=m) for m in (1, 10, 50, 100)]  # at sigma 1 the sampled bound is no better at m=50
+    assert by_sigma == sorted(by_sigma, reverse=True) and len(set(by_sigma)) == 4
+    assert by_rounds == sorted(by_rounds) and len(set(by_rounds)) == 3
+    assert by_cohort == sorted(by_cohort) and len(set(by_cohort)) == 4
+    assert privacy.epsilon(1.0, 10, 5, 0, 1e-5) == 0.0
+    assert privacy.epsilon(0.0, 10, 5, 3, 1e-5) == math.inf
+
+
+def test_epsilon_never_exceeds_the_unsampled_bound():
+    """At tiny noise the bound for sampling without replacement is looser than the Gaussian's; sampling cannot
+    hurt, so the smaller applies."""
+    assert privacy.epsilon(0.01, 10, 5, 20, 1e-5) == pytest.approx(privacy.epsilon(0.01, 10, 10, 20, 1e-5))
+
+
+@pytest.mark.parametrize("target,num_clients,cohort,rounds", [(2.0, 100, 10, 50), (8.0, 20, 20, 30)])
+def test_noise_for_epsilon_inverts_epsilon(target, num_clients, cohort, rounds):
+    delta = 1e-5
+    sigma = privacy.noise_for_epsilon(target, num_clients, cohort, rounds, delta)
+    reached = privacy.epsilon(sigma, num_clients, cohort, rounds, delta)
+    assert reached == pytest.approx(target, rel=0.01) and reached <= target * (1 + 1e-9)
+    assert privacy.epsilon(sigma * 1.01, num_clients, cohort, rounds, delta) < target
+    assert privacy.epsilon(sigma * 0.99, num_clients, cohort, rounds, delta) > target
+
+
+@pytest.mark.parametrize("kwargs,name", [
+    (dict(target_epsilon=0.0), "target_epsilon"), (dict(target_epsilon=-1.0), "target_epsilon"),
+    (dict(target_epsilon=math.inf), "target_epsilon"), (dict(target_epsilon=1e12), "target_epsilon"),
+    (dict(delta=0.0), "delta"), (dict(delta=1.0), "delta"), (dict(cohort_size=11), "cohort_size"),
+    (dict(rounds=0), "rounds"),
+])
+def test_noise_for_epsilon_rejects_impossible_targets(kwargs, name):
+    arguments = dict(target_epsilon=1.0, num_clients=10, cohort_size=5, rounds=20, delta=1e-5) | kwargs
+    with pytest.raises(ValueError, match=name):
+        privacy.noise_for_epsilon(**arguments)
