@@ -128,6 +128,27 @@ class ServerSpec:
 
 
 @dataclass(frozen=True)
+class PrivacySpec:
+    """Client-level differential privacy (DP-FedAvg) and simulated secure aggregation (fedvlp.platform.privacy,
+    fedvlp.platform.secagg): they apply to every parameter group a method averages; parameters kept on the
+    clients are untouched."""
+    noise_multiplier: float | None = spec_field(
+        None, "DP-FedAvg: Gaussian noise sigma * clip_norm on the sum of the clipped client updates (null: no DP "
+              "unless target_epsilon is set)", ge=0)
+    target_epsilon: float | None = spec_field(
+        None, "compute noise_multiplier for this epsilon over the run's rounds and participation instead", gt=0)
+    clip_norm: float = spec_field(1.0, "DP-FedAvg: each client's update (its change of the global state) is "
+                                       "clipped to this L2 norm", gt=0)
+    delta: float = spec_field(1e-5, "DP: the delta of (epsilon, delta)-DP", gt=0, lt=1)
+    secure_aggregation: bool = spec_field(
+        False, "clients mask their updates pairwise (Bonawitz et al.); the coordinator only sees the sum")
+
+    @property
+    def differential(self) -> bool:
+        return self.noise_multiplier is not None or self.target_epsilon is not None
+
+
+@dataclass(frozen=True)
 class ResourcesSpec:
     workers: int = spec_field(2, "ClientWorker actors P; virtual clients are spread over them", ge=1)
     num_cpus: float = spec_field(0.75, "CPUs reserved per worker", gt=0)
@@ -165,6 +186,7 @@ class RunSpec:
     data: DataSpec = field(default_factory=DataSpec)
     federation: FederationSpec = field(default_factory=FederationSpec)
     server: ServerSpec = field(default_factory=ServerSpec)
+    privacy: PrivacySpec = field(default_factory=PrivacySpec)
     resources: ResourcesSpec = field(default_factory=ResourcesSpec)
     tracking: TrackingSpec = field(default_factory=TrackingSpec)
     output_dir: str = spec_field("fedvlp-runs", "where round checkpoints are written")
@@ -307,7 +329,34 @@ def build_spec(raw: dict) -> RunSpec:
     spec = dataclasses.replace(spec, data=_checked_data(spec.data),
                                federation=_checked_federation(spec.federation), server=_checked_server(spec.server))
     _check_backbone(spec, cls.backbone_kind)
+    _check_privacy(spec, cls)
     return spec
+
+
+def _check_privacy(spec: RunSpec, method_cls) -> None:
+    """DP and secure aggregation need every global parameter group to be averaged by the coordinator."""
+    from fedvlp.platform.aggregation import LOCAL, RULES
+
+    privacy = spec.privacy
+    if privacy.noise_multiplier is not None and privacy.target_epsilon is not None:
+        raise ConfigError("privacy.target_epsilon: give either privacy.noise_multiplier or privacy.target_epsilon")
+    if not (privacy.differential or privacy.secure_aggregation):
+        return
+    what = "privacy.noise_multiplier" if privacy.differential else "privacy.secure_aggregation"
+    rules = {**method_cls.server_rules, **spec.server.rules}
+    weightings = set()
+    for prefix, name in rules.items():
+        if name == LOCAL:
+            continue
+        rule = RULES.get(name)
+        if rule.kind != "average":
+            raise ConfigError(f"{what}: {spec.method.name}'s parameters {prefix or '(all)'!r} use the server rule "
+                              f"{name}, which sees individual client states and cannot be made private; expected "
+                              f"average rules only (fedvlp list rules)")
+        weightings.add(rule.weighting)
+    if privacy.secure_aggregation and not privacy.differential and len(weightings) > 1:
+        raise ConfigError("privacy.secure_aggregation: the method's parameter groups are averaged with different "
+                          "weights (samples and uniform); expected one weighting for the masked sum")
 
 
 def _checked_data(data: DataSpec) -> DataSpec:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 import types
 import typing
 from dataclasses import dataclass, field
@@ -18,6 +19,7 @@ from typing import Any, Literal
 
 from fedvlp.errors import ConfigError
 
+_EXPONENT_FLOAT = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+")
 BOUNDS = {"ge": (lambda v, b: v >= b, ">="), "gt": (lambda v, b: v > b, ">"),
           "le": (lambda v, b: v <= b, "<="), "lt": (lambda v, b: v < b, "<")}
 
@@ -127,6 +129,8 @@ def coerce(value, tp, key: str):
         if isinstance(value, int) and not isinstance(value, bool):
             return value
     elif tp is float:
+        if isinstance(value, str) and _EXPONENT_FLOAT.fullmatch(value.strip()):
+            value = float(value)  # YAML 1.1 reads 1e-5 (no dot) as a string; it is meant as a number
         if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
             return float(value)
     elif tp is str:

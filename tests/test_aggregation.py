@@ -14,7 +14,7 @@ def run(rule_name: str, states, sizes, previous=None, state=None, **options):
     rule = RULES.get(rule_name)
     built = dataclasses.replace(rule.options(), **options) if rule.options else None
     previous = previous if previous is not None else {k: torch.zeros_like(v) for k, v in states[0].items()}
-    return apply_rule(rule, RuleInputs(states, sizes, previous, state or {}, None, built))
+    return apply_rule(rule, RuleInputs(states, sizes, previous, state or {}, None, built))[:2]
 
 
 def test_fedavg_weights_by_data_size():

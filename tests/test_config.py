@@ -44,6 +44,14 @@ def test_override_values_are_read_as_yaml():
     assert parse_override("a.b=hello world") == ("a.b", "hello world")
 
 
+def test_yaml_exponents_without_a_dot_are_numbers():
+    """YAML 1.1 reads 1e-5 as a string; for a number field it is meant as a number."""
+    spec = load_spec(None, ["privacy.delta=1e-7", "method.lr=3E-4"])
+    assert spec.privacy.delta == 1e-7 and spec.method.params.lr == 3e-4
+    with pytest.raises(ConfigError, match=r"method\.lr: expected a number, got 'fast'"):
+        load_spec(None, ["method.lr=fast"])
+
+
 def test_int_is_accepted_for_a_float_but_not_the_reverse():
     assert load_spec(None, ["federation.participation=1"]).federation.participation == 1.0
     with pytest.raises(ConfigError, match=r"^federation\.rounds: expected an integer, got 2\.5$"):

@@ -240,5 +240,10 @@ def apply_rule(rule: ServerRule | str, inputs: RuleInputs,
     return result if len(result) == 3 else (*result, {})
 
 
+def is_average(rule: str) -> bool:
+    """Whether the rule of that name (in this process's registry) starts from the cohort's average."""
+    return RULES.get(rule).kind == "average"
+
+
 def state_nbytes(state: State) -> int:
     return sum(t.numel() * t.element_size() for t in state.values())

@@ -3,6 +3,11 @@
 Workers are stateless between rounds apart from their cached data, so they are replaceable and the
 whole run can be checkpointed from here: the global state, every client's local state, and each server
 rule's own state (a server optimiser's moments).
+
+Privacy (`privacy` = {"clip_norm", "noise_multiplier", "secure"}) changes only how the cohort's average of
+the averaged parameter groups is taken: DP-FedAvg clips every client's update over all those groups jointly
+and adds Gaussian noise to the sum (`fedvlp.platform.privacy`); under secure aggregation the coordinator only
+receives masked vectors and recovers their sum (`fedvlp.platform.secagg`), noised if DP is on.
 """
 from __future__ import annotations
 
@@ -11,7 +16,7 @@ import itertools
 import ray
 import torch
 
-from fedvlp.platform.aggregation import RuleInputs, apply_rule, state_nbytes
+from fedvlp.platform.aggregation import RuleInputs, apply_rule, is_average, state_nbytes
 from fedvlp.platform.client_states import ClientStateStore
 from fedvlp.platform.sampling import sample_cohort
 from fedvlp.platform.updates import ClientUpdate
@@ -22,13 +27,15 @@ from fedvlp.seeding import torch_generator
 class Coordinator:
     def __init__(self, seed: int, num_clients: int, participation: float,
                  initial_state: dict[str, torch.Tensor], rules: dict[str, str], rule_options: dict,
-                 client_store: tuple[str, int], checkpoint: dict | None = None, plugins: tuple[str, ...] = ()):
+                 client_store: tuple[str, int], checkpoint: dict | None = None, plugins: tuple[str, ...] = (),
+                 privacy: dict | None = None):
         from fedvlp.plugins import load_plugins
 
         load_plugins(plugins)  # a plugin's server rule must be registered in this process too
         self.seed, self.num_clients, self.participation = seed, num_clients, participation
         self.rules = rules  # parameter name -> server rule (global parameters only)
         self.rule_options = rule_options  # rule name -> its options dataclass
+        self.privacy = privacy or {"clip_norm": None, "noise_multiplier": None, "secure": False, "weighting": "samples"}
         self.state = checkpoint["global"] if checkpoint else initial_state
         self.rule_states: dict[str, dict] = checkpoint.get("rule_states", {}) if checkpoint else {}
         spill_dir, budget_bytes = client_store
@@ -47,20 +54,24 @@ class Coordinator:
     def client_states_of(self, client_ids: list[int]) -> dict[int, dict | None]:
         return {cid: self.client_states.get(cid) for cid in client_ids}
 
-    def aggregate(self, round_index: int, *client_updates: ClientUpdate) -> dict:
-        """Combine the updates that arrived, in sorted client-id order, into the next global state."""
+    def aggregate(self, round_index: int, cohort: list[int], *client_updates: ClientUpdate) -> dict:
+        """Combine the updates that arrived, in sorted client-id order, into the next global state. `cohort` is
+        every client the round trained (secure aggregation recovers the sum without those that dropped out)."""
         updates = sorted(client_updates, key=lambda u: u.client_id)
         sizes = [u.num_samples for u in updates]
         if not updates or sum(sizes) == 0:
             raise RuntimeError(f"round {round_index}: no client update carries data")
+        states, average = self._private_inputs(round_index, cohort, updates)
         new_state, diagnostics = {}, {}
         for rule_name, keys in itertools.groupby(sorted(self.rules, key=self.rules.get), key=self.rules.get):
             keys = list(keys)
-            inputs = RuleInputs([{k: u.global_state[k] for k in keys} for u in updates], sizes,
+            inputs = RuleInputs([{k: s[k] for k in keys if k in s} for s in states], sizes,
                                 {k: self.state[k] for k in keys}, self.rule_states.get(rule_name, {}),
                                 torch_generator(self.seed, "aggregate", round_index), self.rule_options.get(rule_name))
+            group_average = None if average is None else (
+                lambda group, weights, keys=keys, previous=inputs.previous: average(group, keys, previous))
             # by name: Ray ships this class by value, so it must not capture the driver's registry
-            params, self.rule_states[rule_name], metrics = apply_rule(rule_name, inputs)
+            params, self.rule_states[rule_name], metrics = apply_rule(rule_name, inputs, average=group_average)
             new_state.update(params)
             diagnostics.update({f"server/{rule_name}/{name}": value for name, value in metrics.items()})
         self.state = new_state
@@ -77,11 +88,41 @@ class Coordinator:
             # the methods' own statistics, weighted by sample counts over the clients that report them
             "stats": {name: sum(u.stats[name] * u.num_samples for u in updates if name in u.stats)
                       / max(1, sum(u.num_samples for u in updates if name in u.stats)) for name in stat_names},
-            "bytes_up": sum(state_nbytes(u.global_state) for u in updates),
+            "bytes_up": sum(u.nbytes_up for u in updates),
             "bytes_down": len(updates) * state_nbytes(self.state),
             "server": diagnostics,  # what the server rules report about the round (e.g. the clustering's)
             "timings": [(u.client_id, u.worker, u.started, u.finished) for u in updates],
         }
+
+    def _private_inputs(self, round_index: int, cohort: list[int], updates: list[ClientUpdate]):
+        """(each client's global state as the rules see it, the average function of the averaged groups or None).
+
+        DP without secure aggregation: every update is clipped over all averaged groups jointly, and each group's
+        average is `private_average` (uniform weights, noise from the round's "privacy" stream, groups in order).
+        Secure aggregation: the masked vectors are unmasked to their sum once; each group takes its slice, noised
+        if DP is on (the clients clipped before masking), divided by the cohort's weight otherwise."""
+        from fedvlp.platform import privacy, secagg
+
+        clip, sigma, secure = self.privacy["clip_norm"], self.privacy["noise_multiplier"], self.privacy["secure"]
+        if sigma is None and not secure:
+            return [u.global_state for u in updates], None
+        generator = torch_generator(self.seed, "privacy", round_index)
+        averaged = sorted(k for k, rule in self.rules.items() if is_average(rule))
+        previous = {k: self.state[k] for k in averaged}
+        if not secure:
+            clipped = [privacy.clip_update({k: u.global_state[k] for k in averaged}, previous, clip) for u in updates]
+            states = [{**u.global_state, **c} for u, c in zip(updates, clipped)]
+            return states, lambda group_states, keys, group_previous: privacy.private_average(
+                group_states, group_previous, clip, sigma, generator)
+        _, layout = secagg.flatten(previous)
+        total = secagg.unmask_sum({u.client_id: u.masked for u in updates}, cohort, self.seed, round_index, layout)
+        if sigma is not None:
+            mean = privacy.noisy_mean(total, len(updates), clip, sigma, generator)
+        else:
+            weight = sum(u.num_samples for u in updates) if self.privacy["weighting"] == "samples" else len(updates)
+            mean = {k: v / weight for k, v in total.items()}
+        return [u.global_state for u in updates], lambda group_states, keys, group_previous: {
+            k: mean[k].to(group_previous[k].dtype) for k in keys}
 
     def snapshot(self) -> dict:
         """Round, global state, server rules' states and client states: everything needed to continue the run."""

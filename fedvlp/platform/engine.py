@@ -107,6 +107,7 @@ def run_federated(spec, *, progress: bool = True, on_round=None, tags: dict | No
     trainable_params = sum(p.numel() for p in method.parameters() if p.requires_grad)
     del method
     tic = phase("backbone", tic)
+    privacy = _privacy(spec, rules)
 
     tracker = RunTracker(spec, tags=tags, run_id=resume["run_id"] if resume else None)
     tic = phase("mlflow", tic)
@@ -131,7 +132,7 @@ def run_federated(spec, *, progress: bool = True, on_round=None, tags: dict | No
             scheduling_strategy=PlacementGroupSchedulingStrategy(placement, placement_group_bundle_index=bundle_offset),
         ).remote(spec.seed, spec.federation.clients, spec.federation.participation, initial_state, rules,
                  rule_options, (str(run_dir / "client_states"), int(spec.resources.client_state_memory_mb * 2**20)),
-                 resume, tuple(spec.plugins))
+                 resume, tuple(spec.plugins), privacy)
         pool = WorkerPool(spec, task, placement, bundle_offset, name=f"fedvlp-{tracker.run_id}", runtime_env=plugin_env)
         worker_info = pool.ready()
         tic = phase("actors", tic)
@@ -153,11 +154,12 @@ def run_federated(spec, *, progress: bool = True, on_round=None, tags: dict | No
             first_round = 1
             initial = final = evaluate()
             tracker.log_metrics(0, {"startup_seconds": time.perf_counter() - started, **startup,
-                                    "trainable_params": trainable_params, **initial})
+                                    "trainable_params": trainable_params, **initial, **_privacy_metrics(privacy, 0)})
             say(f"round 0/{spec.federation.rounds}  " + _headline(initial) + "  (before training)")
         for round_index in range(first_round, spec.federation.rounds + 1):
             tic = time.perf_counter()
-            metrics, failures = _train_round(spec, round_index, coordinator, pool, clock)
+            metrics, failures = _train_round(spec, round_index, coordinator, pool, clock, privacy)
+            metrics.update(_privacy_metrics(privacy, round_index))
             if failures:
                 tracker.set_tags({f"failure.round{round_index}.client{cid}": cause[:5000] for cid, cause in failures})
             if round_index % spec.federation.eval_every == 0 or round_index == spec.federation.rounds:
@@ -204,7 +206,8 @@ def run_federated(spec, *, progress: bool = True, on_round=None, tags: dict | No
             ray.shutdown()
 
 
-def _train_round(spec, round_index: int, coordinator, pool: WorkerPool, clock: VirtualClock | None):
+def _train_round(spec, round_index: int, coordinator, pool: WorkerPool, clock: VirtualClock | None,
+                 privacy: dict):
     """One round of local updates on the cohort, aggregated by the coordinator: (its metrics, its failures)."""
     federation = spec.federation
     sampled = ray.get(coordinator.sample_cohort.remote(round_index))
@@ -212,7 +215,10 @@ def _train_round(spec, round_index: int, coordinator, pool: WorkerPool, clock: V
     if clock is not None:  # stragglers are known from the simulated clock before any work: they are not trained
         cohort, late, simulated = clock.run_round(sampled, federation.round_deadline_s)
         metrics.update(virtual_round_seconds=simulated, virtual_clock_seconds=clock.elapsed)
-    arrived, failures, late_now, replaced = _collect_updates(spec, round_index, cohort, coordinator, pool)
+    secure = None if not privacy["secure"] else {
+        "cohort": cohort, "weighting": privacy["weighting"],
+        "clip_norm": privacy["clip_norm"] if privacy["noise_multiplier"] is not None else None}
+    arrived, failures, late_now, replaced = _collect_updates(spec, round_index, cohort, coordinator, pool, secure)
     late += late_now
     if len(arrived) < federation.min_clients_per_round:
         why = "; ".join(f"client {cid}: {cause}" for cid, cause in failures[:3])
@@ -220,8 +226,8 @@ def _train_round(spec, round_index: int, coordinator, pool: WorkerPool, clock: V
             f"round {round_index}: {len(arrived)} of {len(sampled)} client updates arrived "
             f"({len(failures)} failed, {len(late)} late), below federation.min_clients_per_round="
             f"{federation.min_clients_per_round}" + (f" ({why})" if why else ""))
-    summary = wait_all([coordinator.aggregate.remote(round_index, *arrived)], f"round {round_index} aggregation",
-                       spec.resources.round_timeout_s)[0]
+    summary = wait_all([coordinator.aggregate.remote(round_index, cohort, *arrived)],
+                       f"round {round_index} aggregation", spec.resources.round_timeout_s)[0]
     metrics.update(train_loss=summary["train_loss"], bytes_up=summary["bytes_up"], bytes_down=summary["bytes_down"],
                    clients=len(summary["clients"]), failed_clients=len(failures), late_clients=len(late),
                    replaced_workers=replaced, timings=summary["timings"], **summary["server"],
@@ -229,7 +235,8 @@ def _train_round(spec, round_index: int, coordinator, pool: WorkerPool, clock: V
     return metrics, failures
 
 
-def _collect_updates(spec, round_index: int, cohort: list[int], coordinator, pool: WorkerPool):
+def _collect_updates(spec, round_index: int, cohort: list[int], coordinator, pool: WorkerPool,
+                     secure: dict | None = None):
     """Run the cohort's local updates, one task per client on its home worker.
 
     Returns (the update refs that arrived, in client order; failures as (client, cause); late
@@ -249,7 +256,7 @@ def _collect_updates(spec, round_index: int, cohort: list[int], coordinator, poo
 
     def submit(cid: int) -> None:
         status, update, actor = pool.submit(round_index, cid, state_ref, coordinator.client_state_of.remote(cid),
-                                            deadline)
+                                            deadline, secure)
         pending[status] = (cid, update, actor)
 
     for cid in cohort:
@@ -288,6 +295,40 @@ def _collect_updates(spec, round_index: int, cohort: list[int], coordinator, poo
         if len(arrived) >= federation.min_clients_per_round:  # else the round fails: no use replacing
             replaced += pool.replace(pool.home[cid], actor)
     return [arrived[cid] for cid in sorted(arrived)], failures, late, replaced
+
+
+def _privacy(spec, rules: dict[str, str]) -> dict:
+    """What the coordinator and workers need of `privacy.*`: the clip norm, the noise multiplier (computed from
+    target_epsilon for the run's rounds and cohorts; that takes a few seconds), secure aggregation and the weights
+    of its masked sum (uniform under DP), and what the per-round epsilon is computed from."""
+    from fedvlp.platform.aggregation import RULES
+    from fedvlp.platform.sampling import cohort_size
+
+    p, fed = spec.privacy, spec.federation
+    sigma = p.noise_multiplier
+    cohort = cohort_size(fed.clients, fed.participation)
+    if p.target_epsilon is not None:
+        from fedvlp.platform.privacy import noise_for_epsilon
+
+        try:
+            sigma = noise_for_epsilon(p.target_epsilon, fed.clients, cohort, fed.rounds, p.delta)
+        except ValueError as exc:
+            raise ConfigError(f"privacy.target_epsilon: {exc}") from None
+    weighting = "uniform" if sigma is not None else min({RULES.get(r).weighting for r in rules.values()},
+                                                          default="samples")
+    return {"clip_norm": p.clip_norm if sigma is not None else None, "noise_multiplier": sigma,
+            "secure": p.secure_aggregation, "weighting": weighting, "accounting": (fed.clients, cohort, p.delta)}
+
+
+def _privacy_metrics(privacy: dict, round_index: int) -> dict[str, float]:
+    """The noise multiplier, and the epsilon spent after `round_index` rounds (Google's RDP accountant)."""
+    if privacy["noise_multiplier"] is None:
+        return {}
+    from fedvlp.platform.privacy import epsilon
+
+    clients, cohort, delta = privacy["accounting"]
+    spent = epsilon(privacy["noise_multiplier"], clients, cohort, round_index, delta) if round_index else 0.0
+    return {"privacy_epsilon": spent, "privacy_noise_multiplier": privacy["noise_multiplier"]}
 
 
 def _first_line(exc: BaseException) -> str:

@@ -64,10 +64,12 @@ class WorkerPool:
                  "loading client data", self.spec.resources.startup_timeout_s, "resources.startup_timeout_s")
         self.local_test_clients = {c for c in self.home if len(local_tests[c])}
 
-    def submit(self, round_index: int, client_id: int, state_ref, client_state_ref, deadline: float | None):
+    def submit(self, round_index: int, client_id: int, state_ref, client_state_ref, deadline: float | None,
+               secure: dict | None = None):
         """(status ref, update ref, the actor it went to) of one client's local update on its home worker."""
         actor = self.actors[self.home[client_id]]
-        status, update = actor.train_client.remote(round_index, client_id, state_ref, client_state_ref, deadline)
+        status, update = actor.train_client.remote(round_index, client_id, state_ref, client_state_ref, deadline,
+                                                   secure)
         return status, update, actor
 
     def replace(self, index: int, dead_actor) -> bool:

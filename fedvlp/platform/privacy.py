@@ -96,13 +96,17 @@ def private_average(states: Sequence[State], previous: State, clip_norm: float, 
         factor = _clip_factor(_norm(delta), clip_norm)
         for key in keys:
             total[key] += factor * delta[key]
+    mean = noisy_mean(total, len(states), clip_norm, noise_multiplier, generator)
+    return {key: (previous[key].double() + mean[key]).to(previous[key].dtype) for key in keys}
+
+
+def noisy_mean(total: State, count: int, clip_norm: float, noise_multiplier: float,
+               generator: torch.Generator) -> State:
+    """(total + N(0, (sigma C)^2 I)) / count in float64, the noise drawn key by key in sorted key order: the
+    noise step of `private_average`, also applied to a securely aggregated sum of clipped client states."""
     std = noise_multiplier * clip_norm
-    m = len(states)
-    out = {}
-    for key in keys:
-        noise = torch.randn(previous[key].shape, generator=generator, dtype=torch.float64) * std
-        out[key] = (previous[key].double() + (total[key] + noise) / m).to(previous[key].dtype)
-    return out
+    return {key: (total[key].double() + torch.randn(total[key].shape, generator=generator, dtype=torch.float64) * std)
+            / count for key in sorted(total)}
 
 
 # ---------------------------------------------------------------- accounting (dp-accounting's RDP accountant)

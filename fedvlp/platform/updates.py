@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -20,6 +21,13 @@ class ClientUpdate:
     worker: int = -1
     started: float = 0.0         # wall-clock time.time() at start and end, for the timeline of a round
     finished: float = 0.0
+    masked: Any = None           # secure aggregation: the averaged parameters as a masked uint64 vector (secagg.mask)
+
+    @property
+    def nbytes_up(self) -> int:
+        """What the client sends: its global state, or its masked vector under secure aggregation."""
+        plain = sum(t.numel() * t.element_size() for t in self.global_state.values())
+        return plain + (self.masked.nbytes if self.masked is not None else 0)
 
     @classmethod
     def from_result(cls, client_id: int, num_samples: int, global_state: State, local_state: State, result: dict,

@@ -101,11 +101,13 @@ class ClientWorker:
 
     @ray.method(num_returns=2)
     def train_client(self, round_index: int, client_id: int, global_state: dict, client_state: dict | None,
-                     deadline: float | None = None) -> tuple[dict, ClientUpdate | None]:
+                     deadline: float | None = None, secure: dict | None = None) -> tuple[dict, ClientUpdate | None]:
         """One client's local update: (a small status for the driver, the update for the coordinator).
 
         A client whose turn comes after the round's wall-clock deadline is skipped: its update
-        would be left out anyway.
+        would be left out anyway. Under secure aggregation (`secure`: the round's cohort, the weight
+        kind, and the DP clip norm or None) the client clips its update if DP asks, then sends its
+        averaged parameters only as a masked vector (`fedvlp.platform.secagg.mask`).
         """
         if deadline is not None and time.time() > deadline:
             return {"client_id": client_id, "late": True}, None
@@ -114,9 +116,19 @@ class ClientWorker:
         self.method.load(_to(global_state, self.device), _to(client_state, self.device))
         data = self.clients[client_id]
         result = self.method.local_update(data, torch_generator(self.spec.seed, "client", round_index, client_id))
-        update = ClientUpdate.from_result(client_id, len(data), _to(self.method.global_state(), "cpu"),
-                                          _to(self.method.local_state(), "cpu"), result, worker=self.index,
-                                          started=started, finished=time.time())
+        state = _to(self.method.global_state(), "cpu")
+        masked = None
+        if secure is not None:
+            from fedvlp.platform import privacy, secagg
+
+            if secure["clip_norm"] is not None:
+                state = privacy.clip_update(state, _to(global_state, "cpu"), secure["clip_norm"])
+            weight = len(data) if secure["weighting"] == "samples" else 1.0
+            masked = secagg.mask(state, weight, client_id, secure["cohort"], self.spec.seed, round_index)
+            state = {}
+        update = ClientUpdate.from_result(client_id, len(data), state, _to(self.method.local_state(), "cpu"),
+                                          result, worker=self.index, started=started, finished=time.time(),
+                                          masked=masked)
         return {"client_id": client_id, "late": False}, update
 
     def inject_fault(self, round_index: int, client_id: int, kind: str, seconds: float = 1e6) -> None:
