@@ -146,6 +146,8 @@ def collect(client, experiment_id: str, parent_id: str, metrics: list[str], swep
             row["bytes_up_per_client"] = float(np.mean(bytes_up)) / per_round if bytes_up else math.nan
             row["round_seconds"] = float(np.mean(seconds)) if seconds else math.nan
             row["trainable_params"] = trainable[0] if trainable else math.nan
+            spent = _history(client, run.info.run_id, "privacy_epsilon")
+            row["epsilon"] = spent[max(spent)] if spent else math.nan
         rows.append(row)
     return rows
 
@@ -309,6 +311,25 @@ def plot_differences(cells: list[dict], key: str, metric: str, reference: str, s
     return _save(plt, fig, path)
 
 
+def plot_vs_epsilon(rows: list[Row], metric: str, keys: list[str], subtitle: str, path: Path) -> Path:
+    """Final metric against the privacy spent (epsilon at the last round, mean over seeds), one line per method and
+    per value of the swept keys that do not set the noise (e.g. participation), 95 % interval bars."""
+    plt, fig, ax = _figure(f"{metric_label(metric)} vs privacy spent\n{subtitle}", "epsilon (delta fixed; log scale)",
+                           f"final {metric_label(metric, unit=True)}")
+    others = [k for k in keys if "noise" not in k and "epsilon" not in k]
+    lines = defaultdict(lambda: defaultdict(list))
+    for r in counted(rows, metric):
+        if not math.isnan(r["epsilon"]) and r["epsilon"] > 0:
+            label = " ".join([r["method"], *(f"{key_label(k).split()[-1]}={_show(r['swept'][k])}" for k in others)])
+            lines[label][_cell(r, keys)].append((r["epsilon"], r["final"][metric]))
+    for label, cells in sorted(lines.items()):
+        points = sorted((float(np.mean([e for e, _ in v])), *interval([m for _, m in v])[:2]) for v in cells.values())
+        ax.errorbar([p[0] for p in points], [p[1] for p in points], yerr=np.nan_to_num([p[2] for p in points]),
+                    marker="o", capsize=4, label=label)
+    ax.set_xscale("log")
+    return _save(plt, fig, path, legend_title="method, setting")
+
+
 def plot_vs_round(curves_: dict, metric: str, subtitle: str, path: Path) -> Path:
     """Metric vs round per method: mean over seeds (of the mean over swept values), 95 % interval band."""
     plt, fig, ax = _figure(f"{metric_label(metric)} vs round\n{subtitle}", "round (0 = before training)",
@@ -458,6 +479,11 @@ def make_report(tracking_uri: str, experiment: str, out_dir: str | Path, metric:
             if reference and not others:
                 name = f"{m}_difference_vs_{key}.png"
                 files[name] = plot_differences(summaries[m], key, m, reference, subtitle, out / name)
+    if any(not math.isnan(r.get("epsilon", math.nan)) for r in used):
+        for m in reported:
+            name = f"{m}_vs_epsilon.png"
+            files[name] = plot_vs_epsilon(rows, m, swept, f"{experiment}: mean ± 95 % CI over {seeds} seed(s)",
+                                          out / name)
     name = f"{metric}_vs_round.png"
     files[name] = plot_vs_round(curves_vs_round(rows, metric), metric, f"{experiment}: mean over swept values, "
                                 f"95 % CI over {seeds} seed(s); flat at the end = converged", out / name)
