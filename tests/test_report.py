@@ -183,15 +183,16 @@ def test_missing_experiment_or_parent_is_one_line_error(tracking_uri, tmp_path):
     assert "\n" not in str(err.value)
 
 
-def test_accuracy_against_privacy_spent_plots_one_line_per_method_and_participation(tmp_path):
-    from fedvlp.platform.report import plot_vs_epsilon
+def test_accuracy_against_privacy_spent_has_one_line_per_method_and_participation(tmp_path):
+    from fedvlp.platform.report import epsilon_lines, plot_vs_epsilon
 
     keys = ["privacy.noise_multiplier", "federation.participation"]
-    rows = [{"method": m, "seed": str(s), "swept": {keys[0]: sigma, keys[1]: rho}, "epsilon": 10 / sigma * rho,
+    rows = [{"method": m, "seed": str(s), "swept": {keys[0]: sigma, keys[1]: rho}, "epsilon": 10 / sigma * rho + s,
              "final": {"val_mAP": 0.6 - 0.05 / sigma + 0.01 * s}, "history": {}}
             for m in ("a", "b") for sigma in (0.5, 1.0, 2.0) for rho in (0.25, 1.0) for s in (0, 1)]
-    path = plot_vs_epsilon(rows, "val_mAP", keys, "test", tmp_path / "eps.png")
-    assert path.read_bytes()[:4] == b"\x89PNG"
-    import matplotlib.pyplot as plt  # the figure is closed; count its lines from a fresh draw of the same data
-
-    assert not plt.get_fignums()
+    lines = epsilon_lines(rows, "val_mAP", keys)
+    assert sorted(lines) == ["a participation=0.25", "a participation=1", "b participation=0.25", "b participation=1"]
+    # more noise, less epsilon: the points run from sigma 2 to sigma 0.5; epsilon is the mean over the two seeds
+    assert [p[0] for p in lines["a participation=1"]] == [5.5, 10.5, 20.5]
+    assert [round(p[1], 4) for p in lines["a participation=1"]] == [0.58, 0.555, 0.505]
+    assert plot_vs_epsilon(rows, "val_mAP", keys, "test", tmp_path / "eps.png").read_bytes()[:4] == b"\x89PNG"

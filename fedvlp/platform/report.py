@@ -311,19 +311,24 @@ def plot_differences(cells: list[dict], key: str, metric: str, reference: str, s
     return _save(plt, fig, path)
 
 
-def plot_vs_epsilon(rows: list[Row], metric: str, keys: list[str], subtitle: str, path: Path) -> Path:
-    """Final metric against the privacy spent (epsilon at the last round, mean over seeds), one line per method and
-    per value of the swept keys that do not set the noise (e.g. participation), 95 % interval bars."""
-    plt, fig, ax = _figure(f"{metric_label(metric)} vs privacy spent\n{subtitle}", "epsilon (delta fixed; log scale)",
-                           f"final {metric_label(metric, unit=True)}")
+def epsilon_lines(rows: list[Row], metric: str, keys: list[str]) -> dict[str, list[tuple[float, float, float]]]:
+    """{line label: [(epsilon, mean metric, 95 % half-width)] by epsilon}: one line per method and per value of the
+    swept keys that do not set the noise (e.g. participation); a point per cell, its epsilon the mean over seeds."""
     others = [k for k in keys if "noise" not in k and "epsilon" not in k]
-    lines = defaultdict(lambda: defaultdict(list))
+    lines: dict = defaultdict(lambda: defaultdict(list))
     for r in counted(rows, metric):
         if not math.isnan(r["epsilon"]) and r["epsilon"] > 0:
-            label = " ".join([r["method"], *(f"{key_label(k).split()[-1]}={_show(r['swept'][k])}" for k in others)])
+            label = " ".join([r["method"], *(f"{k.rsplit('.', 1)[-1]}={_show(r['swept'][k])}" for k in others)])
             lines[label][_cell(r, keys)].append((r["epsilon"], r["final"][metric]))
-    for label, cells in sorted(lines.items()):
-        points = sorted((float(np.mean([e for e, _ in v])), *interval([m for _, m in v])[:2]) for v in cells.values())
+    return {label: sorted((float(np.mean([e for e, _ in v])), *interval([m for _, m in v])[:2]) for v in cells.values())
+            for label, cells in sorted(lines.items())}
+
+
+def plot_vs_epsilon(rows: list[Row], metric: str, keys: list[str], subtitle: str, path: Path) -> Path:
+    """Final metric against the privacy spent (epsilon at the last round), per `epsilon_lines`, log-x."""
+    plt, fig, ax = _figure(f"{metric_label(metric)} vs privacy spent\n{subtitle}", "epsilon (delta fixed; log scale)",
+                           f"final {metric_label(metric, unit=True)}")
+    for label, points in epsilon_lines(rows, metric, keys).items():
         ax.errorbar([p[0] for p in points], [p[1] for p in points], yerr=np.nan_to_num([p[2] for p in points]),
                     marker="o", capsize=4, label=label)
     ax.set_xscale("log")
