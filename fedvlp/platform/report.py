@@ -402,7 +402,6 @@ def make_report(tracking_uri: str, experiment: str, out_dir: str | Path, metric:
     """Write summary/by_method tables (CSV + Markdown) and plots for one sweep; log them and the summary on its
     parent run."""
     from mlflow import MlflowClient
-    from mlflow.entities import Metric
 
     client = MlflowClient(tracking_uri=tracking_uri)
     experiment_id, parent = find_sweep(client, experiment, tracking_uri)
@@ -495,8 +494,30 @@ def make_report(tracking_uri: str, experiment: str, out_dir: str | Path, metric:
 
     for path in files.values():
         client.log_artifact(parent.info.run_id, str(path), "report")
+    _log_summary(client, parent.info.run_id, summaries, swept)
+    return files
+
+
+def _log_summary(client, parent_id: str, summaries: dict[str, list[dict]], swept: list[str]) -> None:
+    from mlflow.entities import Metric
+
     items = list(_summary_metrics(summaries, swept).items())
     now = int(time.time() * 1000)
     for i in range(0, len(items), 500):  # MLflow takes at most 1000 metrics per batch
-        client.log_batch(parent.info.run_id, metrics=[Metric(k, v, now, 0) for k, v in items[i:i + 500]])
-    return files
+        client.log_batch(parent_id, metrics=[Metric(k, v, now, 0) for k, v in items[i:i + 500]])
+
+
+def log_sweep_summary(tracking_uri: str, experiment: str) -> None:
+    """Log the sweep's summary (final val and test metric per method and swept value, mean and 95 % interval,
+    paired differences) as its parent run's metrics, without writing the report's files."""
+    from mlflow import MlflowClient
+
+    client = MlflowClient(tracking_uri=tracking_uri)
+    experiment_id, parent = find_sweep(client, experiment, tracking_uri)
+    tags = parent.data.tags
+    swept = [k for k in tags.get("swept_keys", "").split(",") if k and k != METHOD_KEY]
+    metric = tags.get("metric") or "val_mAP"
+    reported = list(dict.fromkeys([metric, test_metric_of(metric)]))
+    rows = collect(client, experiment_id, parent.info.run_id, reported, swept)
+    _log_summary(client, parent.info.run_id, {m: summarise(rows, m, swept, tags.get("reference")) for m in reported},
+                 swept)

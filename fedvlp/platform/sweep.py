@@ -345,6 +345,7 @@ def run_sweep(sweep: SweepSpec, resume: bool = False, progress: bool = True):
         results = tuner.fit()
         _close_runs(client, experiment_id, parent_run_id, experiment_dir, trials="FINISHED",
                     parent="FINISHED" if not results.errors else "FAILED")
+        _summarise(uri, sweep.experiment)
         return results
     except BaseException:
         _close_runs(client, experiment_id, parent_run_id, experiment_dir, trials="KILLED", parent="KILLED")
@@ -378,6 +379,18 @@ def _close_runs(client, experiment_id: str, parent_run_id: str, experiment_dir: 
     except Exception as exc:
         print(f"fedvlp: warning: could not end the sweep's MLflow runs ({type(exc).__name__}); "
               f"the trial results are in {experiment_dir}", file=sys.stderr, flush=True)
+
+
+def _summarise(uri: str, experiment: str) -> None:
+    """The parent run carries the sweep's summary (fedvlp.platform.report.log_sweep_summary); a sweep whose
+    trials all failed has none, and a store gone by now costs a warning, not the sweep's results."""
+    from fedvlp.platform.report import log_sweep_summary
+
+    try:
+        log_sweep_summary(uri, experiment)
+    except Exception as exc:
+        print(f"fedvlp: warning: no summary on the sweep's parent run ({type(exc).__name__}: {exc})"[:300],
+              file=sys.stderr, flush=True)
 
 
 def _close_trial_runs(client, experiment_id: str, parent_run_id: str, status: str = "FINISHED") -> None:
