@@ -319,8 +319,9 @@ def one_line(error: FedvlpError) -> str:
     """The error's message on one line. One raised inside a Ray actor arrives wrapped in a
     RayTaskError (an instance of the error's class too) whose text is the remote traceback:
     the original is its `cause`."""
-    while isinstance(getattr(error, "cause", None), FedvlpError):
-        error = error.cause
+    cause = getattr(error, "cause", None)
+    while isinstance(cause, FedvlpError):
+        error, cause = cause, getattr(cause, "cause", None)
     return " ".join(str(error).split())
 
 

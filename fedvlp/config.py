@@ -225,7 +225,8 @@ def describe_keys(spec: RunSpec) -> list[tuple[str, str, Any, str]]:
                 help_text = f.metadata.get("help", "")
                 if "tune" in f.metadata:
                     help_text += f" [tuned: {f.metadata['tune'].describe()}]"
-                shown = dataclasses.asdict(value) if dataclasses.is_dataclass(value) else value
+                shown = dataclasses.asdict(value) if dataclasses.is_dataclass(value) and not isinstance(value, type) \
+                    else value
                 yield f"{prefix}{f.name}", type_name(hints[f.name]), shown, help_text
     return list(walk(spec, ""))
 
@@ -386,9 +387,9 @@ def _checked_federation(federation: FederationSpec) -> FederationSpec:
 def _checked_server(server: ServerSpec) -> ServerSpec:
     from fedvlp.platform.aggregation import LOCAL, RULES
 
-    for rule in server.rules.values():
-        if rule != LOCAL:
-            RULES.get(rule)
+    for name in server.rules.values():
+        if name != LOCAL:
+            RULES.get(name)
     for rule_name, raw in server.options.items():
         rule = RULES.get(rule_name)
         if rule.options is None:

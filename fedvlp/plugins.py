@@ -87,7 +87,10 @@ def py_modules(names) -> list[str]:
     for name in names:
         top = name.split(".")[0]
         module = sys.modules.get(top) or importlib.import_module(top)
-        path = Path(list(module.__path__)[0]) if getattr(module, "__path__", None) else Path(module.__file__)
+        location = list(module.__path__)[0] if getattr(module, "__path__", None) else module.__file__
+        if location is None:
+            raise ConfigError(f"plugin {name}: module {top} has no file to ship to the cluster")
+        path = Path(location)
         if not _installed(path) and str(path) not in out:
             out.append(str(path))
     return out

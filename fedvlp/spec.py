@@ -14,6 +14,7 @@ import math
 import re
 import types
 import typing
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -147,7 +148,7 @@ def coerce(value, tp, key: str):
     raise ConfigError(f"{key}: expected {type_name(tp)}, got {value!r}")
 
 
-def check_range(value, meta: dict, key: str) -> None:
+def check_range(value, meta: Mapping, key: str) -> None:
     if value is None or isinstance(value, (tuple, dict, str, bool)):
         return
     for name, (ok, symbol) in BOUNDS.items():
@@ -195,7 +196,7 @@ def check_params_class(cls, owner: str) -> None:
     text and, where it declares one, a valid tuning range; raises TypeError naming what to fix."""
     if not (dataclasses.is_dataclass(cls) and isinstance(cls, type)):
         raise TypeError(f"{owner}: Params must be a dataclass (@dataclass(frozen=True)), got {cls!r}")
-    if not cls.__dataclass_params__.frozen:
+    if not getattr(cls, "__dataclass_params__").frozen:  # noqa: B009  (mypy does not know the attribute)
         raise TypeError(f"{owner}: Params {cls.__name__} must be frozen (@dataclass(frozen=True))")
     for f in dataclasses.fields(cls):
         if not f.metadata.get("help"):

@@ -60,7 +60,8 @@ def test_fedadam_one_step_by_hand():
 
 
 def test_fedavgm_one_step_by_hand():
-    """x = 1, average 3: v = 0.9 * 0 + 2; x' = 1 + 1.0 * 2 = 3; next round average 2 (delta -1): v = 0.9 * 2 - 1 = 0.8."""
+    """x = 1, average 3: v = 0.9 * 0 + 2; x' = 1 + 1.0 * 2 = 3;
+    next round average 2 (delta -1): v = 0.9 * 2 - 1 = 0.8."""
     states = [{"w": torch.tensor([3.0])}]
     new, state = run("fedavgm", states, [5], previous={"w": torch.tensor([1.0])}, lr=1.0, momentum=0.9)
     assert new["w"].item() == pytest.approx(3.0) and state["velocity"]["w"].item() == pytest.approx(2.0)
@@ -70,7 +71,8 @@ def test_fedavgm_one_step_by_hand():
 
 def reference_fedopt(kind: str, xs0: torch.Tensor, averages: list[torch.Tensor], lr, beta1, beta2, tau):
     """Algorithm 2 of Reddi et al. (2021), written out for a list of rounds' cohort averages."""
-    x, m, v = xs0.double(), torch.zeros_like(xs0, dtype=torch.float64), torch.full_like(xs0, tau ** 2, dtype=torch.float64)
+    x, m = xs0.double(), torch.zeros_like(xs0, dtype=torch.float64)
+    v = torch.full_like(xs0, tau ** 2, dtype=torch.float64)
     for average in averages:
         delta = average.double() - x
         m = beta1 * m + (1 - beta1) * delta

@@ -8,7 +8,8 @@ from fedvlp.errors import BackboneError
 
 
 def test_pretrained_tiny_clip_beats_its_untrained_self(tiny_clip):
-    """Zero-shot val mAP, measured here: an untrained tiny CLIP is near the positive rate, the pretrained one far above."""
+    """Zero-shot val mAP, measured here: an untrained tiny CLIP is near the positive rate, the pretrained one
+    far above."""
     from fedvlp.backbones import load_clip
     from fedvlp.backbones.pretrain_clip import zero_shot_map
     from fedvlp.data.scenes import generate_scenes

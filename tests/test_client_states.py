@@ -21,8 +21,8 @@ def test_states_past_the_budget_spill_to_disk_and_read_back(tmp_path):
     store.put(0, state(10), round_index=2)  # a client in memory stays there
     store.put(3, state(30), round_index=2)  # a spilled one gets a new file; the old one outlives round 2's checkpoint
     assert store.in_memory[0]["prompt"][0, 0] == 10 and store.get(3)["prompt"][0, 0] == 30
-    assert {p.name for p in tmp_path.glob("*.safetensors")} == {"client2-round1.safetensors",
-                                                                 "client3-round1.safetensors", "client3-round2.safetensors"}
+    files = {p.name for p in tmp_path.glob("*.safetensors")}
+    assert files == {"client2-round1.safetensors", "client3-round1.safetensors", "client3-round2.safetensors"}
     store.put(2, state(20), round_index=3)
     assert not (tmp_path / "client3-round1.safetensors").exists()
 

@@ -4,8 +4,15 @@ import pytest
 import torch
 from scipy.optimize import linear_sum_assignment
 
-from fedvlp.platform.clustering import (MAX_POOL_FACTOR, _gaussian_terms, _loglik_all, cluster_pool, cluster_prompts,
-                                       hungarian_cluster, hungarian_cluster_report)
+from fedvlp.platform.clustering import (
+    MAX_POOL_FACTOR,
+    _gaussian_terms,
+    _loglik_all,
+    cluster_pool,
+    cluster_prompts,
+    hungarian_cluster,
+    hungarian_cluster_report,
+)
 
 KEY = "inter_pool.prompts"
 

@@ -71,7 +71,8 @@ def test_int_is_accepted_for_a_float_but_not_the_reverse():
     ("federation=3", r"federation: expected a mapping"),
     ("method.template=no placeholder", r"method\.template: unknown key"),
     ("data.name=imagenet", r"data\.name: unknown dataset 'imagenet' \(expected one of: coco2014, food101"),
-    ("federation.partition=kmeans", r"federation\.partition: unknown partitioner 'kmeans' \(expected one of: dirichlet"),
+    ("federation.partition=kmeans",
+     r"federation\.partition: unknown partitioner 'kmeans' \(expected one of: dirichlet"),
     ("plugins=[no_such_plugin_module]", r"plugins: cannot import 'no_such_plugin_module' \(ModuleNotFoundError"),
     ("data.options={top_k: 3}", r"data\.options: takes no options"),
     ("noequals", r"--set noequals: expected KEY=VALUE"),
@@ -122,7 +123,8 @@ def test_shipped_configs_resolve_by_name_and_unknown_names_are_one_line():
 def test_cli_rejects_bad_input_with_one_line_and_no_ray(tmp_path):
     proc = fedvlp_cli(["run", "--set", "federation.heterogeneity=1.5"], cwd=tmp_path)
     assert proc.returncode == 2
-    assert proc.stderr.strip().splitlines() == ["fedvlp: error: federation.heterogeneity: expected a value <= 1, got 1.5"]
+    expected = "fedvlp: error: federation.heterogeneity: expected a value <= 1, got 1.5"
+    assert proc.stderr.strip().splitlines() == [expected]
     assert not (tmp_path / "mlflow.db").exists()  # rejected before any tracking or cluster work
 
 

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 import torch
 import yaml
+from conftest import REPO, fedvlp_cli, small_run
 from mlflow import MlflowClient
 
-from conftest import REPO, fedvlp_cli, small_run
 from fedvlp.platform.engine import load_checkpoint, run_federated
 
 EXAMPLES = REPO / "examples"

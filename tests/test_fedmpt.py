@@ -112,4 +112,5 @@ def test_baseline_paper_configs_load(method, dataset, tmp_path):
     assert (spec.method.name, spec.data.name, spec.backbone.name) == (method, dataset, "ViT-B-16")
     if method == "dualcoop":
         p = spec.method.params
-        assert (p.n_ctx, p.region_scale, p.output_scale, p.lr) == (16, 20.0, 5.0, 0.001 if dataset == "voc2007" else 0.002)
+        lr = 0.001 if dataset == "voc2007" else 0.002
+        assert (p.n_ctx, p.region_scale, p.output_scale, p.lr) == (16, 20.0, 5.0, lr)

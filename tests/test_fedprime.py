@@ -85,7 +85,8 @@ def test_the_inter_pool_marks_what_it_retrieved_and_takes_the_servers_size(world
     state = {**method.global_state(), "inter_pool.prompts": torch.randn(9, method.inter_pool.prompts.shape[1]),
              "inter_pool.selected": torch.zeros(9)}
     method.load(state, None)  # a server that kept 9 used centroids
-    assert method.inter_pool.prompts.shape[0] == 9 and torch.equal(method.inter_pool.prompts, state["inter_pool.prompts"])
+    assert method.inter_pool.prompts.shape[0] == 9
+    assert torch.equal(method.inter_pool.prompts, state["inter_pool.prompts"])
     assert method(world["test"][:4]).shape == (4, 16)
 
 
@@ -145,8 +146,9 @@ def test_missing_aware_prompts_follow_each_sample_missing_type(world):
     batch = inputs[torch.tensor(rows)]
     with torch.no_grad():
         logits = method(batch)
-        method.prompts[MISSING_TEXT].add_(torch.randn(method.prompts[MISSING_TEXT].shape,  # not a constant:
-                                                      generator=torch.Generator().manual_seed(0)))  # LayerNorm removes one
+        # not a constant: LayerNorm removes one
+        method.prompts[MISSING_TEXT].add_(torch.randn(method.prompts[MISSING_TEXT].shape,
+                                                      generator=torch.Generator().manual_seed(0)))
         changed = (method(batch) - logits).abs().amax(-1) > 1e-6
     assert changed.tolist() == [False, True, False]
 

@@ -272,4 +272,5 @@ def test_hallucination_gap_by_hand() -> None:
     other = np.mean([sig(-2.0), sig(1.0), sig(-1.0)])
     assert hallucination_gap(logits, targets, pairs) == pytest.approx(tempting - other, abs=1e-12)
     assert np.isnan(hallucination_gap(logits, targets, np.zeros((3, 3), bool)))  # no tempting class at all
-    assert multilabel_metrics(logits, targets, cooccurring=pairs)["hallucination_gap"] == pytest.approx(tempting - other)
+    gap = multilabel_metrics(logits, targets, cooccurring=pairs)["hallucination_gap"]
+    assert gap == pytest.approx(tempting - other)

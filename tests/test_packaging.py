@@ -3,10 +3,10 @@ the package's), the benchmarks' in `bench` (or dev, or the package's); and the w
 import ast
 import importlib.metadata
 import sys
-import tomllib
 from pathlib import Path
 
 import pytest
+import tomllib
 from packaging.requirements import Requirement
 
 REPO = Path(__file__).resolve().parent.parent

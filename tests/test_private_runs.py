@@ -3,15 +3,15 @@ is the uniform mean; a target epsilon is met; secure aggregation gives plain Fed
 fails mid-round; rules that see individual states refuse privacy."""
 import pytest
 import torch
-from mlflow import MlflowClient
-
 from conftest import small_run
+from mlflow import MlflowClient
+from test_faults import fault_in_round
+
 from fedvlp.config import load_spec
 from fedvlp.errors import ConfigError
 from fedvlp.platform.engine import run_federated
 from fedvlp.platform.privacy import epsilon
 from fedvlp.platform.secagg import TOLERANCE
-from test_faults import fault_in_round
 
 pytestmark = pytest.mark.usefixtures("tiny_clip")
 FAST = ("method.local_epochs=1", "resources.workers=1", "federation.participation=0.5")

@@ -85,7 +85,8 @@ def voc_xml(objects) -> str:
         tag = "" if difficult is None else f"<difficult>{difficult}</difficult>"
         parts.append(f"<object><name>{name}</name><pose>Unspecified</pose>{tag}"
                      f"<bndbox><xmin>1</xmin><ymin>1</ymin><xmax>5</xmax><ymax>5</ymax></bndbox></object>")
-    return f"<annotation><folder>VOC2007</folder><size><width>24</width><height>16</height></size>{''.join(parts)}</annotation>"
+    size = "<size><width>24</width><height>16</height></size>"
+    return f"<annotation><folder>VOC2007</folder>{size}{''.join(parts)}</annotation>"
 
 
 def voc_tree(tmp: Path) -> Path:

@@ -5,8 +5,17 @@ import pytest
 import torch
 
 from fedvlp.data import recipes
-from fedvlp.data.recipes import (CLASS_NAMES, CONTAINERS, CUISINES, SHARED, SIGNATURE, SPLITS,
-                                 VOCABULARY, RecipeSet, generate_recipes)
+from fedvlp.data.recipes import (
+    CLASS_NAMES,
+    CONTAINERS,
+    CUISINES,
+    SHARED,
+    SIGNATURE,
+    SPLITS,
+    VOCABULARY,
+    RecipeSet,
+    generate_recipes,
+)
 
 N_TRAIN, N_VAL = 2000, 1000
 

@@ -4,10 +4,24 @@ import numpy as np
 import pytest
 
 from fedvlp.data import scenes
-from fedvlp.data.scenes import (BACKGROUNDS, CLASS_NAMES, COLOURS, CONTEXT_BACKGROUND,
-                                CONTEXT_CLASSES, LAYOUT_NAMES, LAYOUTS, LIGHT_GAIN, LIGHTINGS,
-                                OBJECT_RGB, POSES, SCALES, SHAPES, SPLITS, SceneSet,
-                                generate_scenes)
+from fedvlp.data.scenes import (
+    BACKGROUNDS,
+    CLASS_NAMES,
+    COLOURS,
+    CONTEXT_BACKGROUND,
+    CONTEXT_CLASSES,
+    LAYOUT_NAMES,
+    LAYOUTS,
+    LIGHT_GAIN,
+    LIGHTINGS,
+    OBJECT_RGB,
+    POSES,
+    SCALES,
+    SHAPES,
+    SPLITS,
+    SceneSet,
+    generate_scenes,
+)
 
 N = 2000
 _OBJECT = re.compile(r"a (%s) (%s)" % ("|".join(COLOURS), "|".join(SHAPES)))

@@ -31,8 +31,9 @@ def test_tiny_vilt_architecture_and_vocabulary():
     torch.manual_seed(0)
     model = create_vilt().model
     config = model.config
-    assert (config.hidden_size, config.num_hidden_layers, config.num_attention_heads, config.intermediate_size,
-            config.patch_size, config.image_size, config.max_position_embeddings) == (128, 4, 4, 512, 8, 32, MAX_TEXT_LEN)
+    shape = (config.hidden_size, config.num_hidden_layers, config.num_attention_heads, config.intermediate_size,
+             config.patch_size, config.image_size, config.max_position_embeddings)
+    assert shape == (128, 4, 4, 512, 8, 32, MAX_TEXT_LEN)
     vocabulary = tiny_vocabulary()
     assert vocabulary[:5] == ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
     assert list(vocabulary[5:]) == sorted(VOCABULARY) and config.vocab_size == len(vocabulary)

@@ -38,10 +38,10 @@ def _code(path: Path) -> bytes:
         return json.dumps(json.loads(text), sort_keys=True).encode()
     tree = ast.parse(text)
     for node in ast.walk(tree):
-        body = getattr(node, "body", None)
-        if isinstance(body, list) and body and isinstance(body[0], ast.Expr) \
-                and isinstance(body[0].value, ast.Constant) and isinstance(body[0].value.value, str):
-            node.body = body[1:] or [ast.Pass()]
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.body \
+                and isinstance(node.body[0], ast.Expr) and isinstance(node.body[0].value, ast.Constant) \
+                and isinstance(node.body[0].value.value, str):
+            node.body = node.body[1:] or [ast.Pass()]
     return ast.dump(tree, include_attributes=False).encode()
 
 
@@ -52,19 +52,28 @@ def _source_digest(names: tuple[str, ...]) -> str:
         if name.endswith((".json", ".py")):
             path = Path(__file__).resolve().parent.parent / name
         else:
-            path = Path(importlib.util.find_spec(name).origin)
+            spec = importlib.util.find_spec(name)
+            if spec is None or spec.origin is None:
+                raise ModuleNotFoundError(f"pretraining cache key: no module {name}")
+            path = Path(spec.origin)
         digest.update(name.encode() + b"\0" + _code(path))
     return digest.hexdigest()
 
 
 @dataclass(frozen=True)
 class _Recipe:
-    """What every pretraining recipe shares: a cache key; subclasses have the optimiser's fields
-    (seed, steps, batch_size, lr, weight_decay, warmup_fraction)."""
+    """What every pretraining recipe shares: the optimiser's fields (each subclass gives their
+    values) and a cache key."""
 
     backbone: ClassVar[str]
     minutes: ClassVar[str]      # how long it takes on 2 cores, for the first-use message
     code: ClassVar[tuple[str, ...]]  # the modules and files whose source shapes the weights
+    seed: int
+    steps: int
+    batch_size: int
+    lr: float
+    weight_decay: float
+    warmup_fraction: float
 
     def fingerprint(self) -> dict:
         return {**asdict(self), "code": _source_digest(("fedvlp.backbones.pretrain", *self.code))}

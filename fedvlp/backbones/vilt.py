@@ -25,7 +25,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 import transformers
-from transformers import BertTokenizerFast, ViltConfig, ViltModel
+from transformers import BertTokenizerFast, ViltConfig, ViltModel  # type: ignore[attr-defined]  # lazy export
+from transformers.models.vilt.modeling_vilt import ViltPooler
 
 from fedvlp.data.missing import fill_missing_images
 from fedvlp.data.recipes import VOCABULARY
@@ -121,6 +122,9 @@ def create_vilt(name: str = TINY_VILT, pretrained: str | None = None, vocabulary
 class ViltBackbone(torch.nn.Module):
     """A frozen ViltModel plus its tokenizer and preprocessing: `embed` once, then `encode` with prompts."""
 
+    mean: torch.Tensor
+    std: torch.Tensor
+
     def __init__(self, model: ViltModel, tokenizer, name: str, max_text_len: int | None = None,
                  image_size: int | tuple[int, int] | None = None):
         super().__init__()
@@ -133,7 +137,9 @@ class ViltBackbone(torch.nn.Module):
         self.max_text_len = int(min(max_text_len or config.max_position_embeddings, config.max_position_embeddings))
         size = image_size or config.image_size
         self.image_size = tuple(size) if isinstance(size, (tuple, list)) else (int(size), int(size))
-        self.patch_size = int(config.patch_size)
+        if not isinstance(config.patch_size, int):
+            raise BackboneError(f"backbone {name}: expected an integer patch_size, got {config.patch_size!r}")
+        self.patch_size = config.patch_size
         self.num_patches = (self.image_size[0] // self.patch_size) * (self.image_size[1] // self.patch_size)
         self.register_buffer("mean", torch.tensor(PIXEL_MEAN).view(1, 3, 1, 1), persistent=False)
         self.register_buffer("std", torch.tensor(PIXEL_STD).view(1, 3, 1, 1), persistent=False)
@@ -163,7 +169,7 @@ class ViltBackbone(torch.nn.Module):
         return self.max_text_len + 1 + self.num_patches
 
     @property
-    def pooler(self) -> torch.nn.Module:
+    def pooler(self) -> ViltPooler:
         """The pretrained pooler (Linear + tanh on token 0); copy it to train one of your own."""
         return self.model.pooler
 

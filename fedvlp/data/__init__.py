@@ -39,6 +39,16 @@ class FederatedData:
     def test_labels(self) -> np.ndarray:
         return self.dataset.test.labels
 
+    @property
+    def val(self) -> Split:
+        assert self.dataset.val is not None  # load_dataset always provides it
+        return self.dataset.val
+
+    @property
+    def holdout(self) -> Split:
+        assert self.dataset.holdout is not None  # load_dataset always provides it
+        return self.dataset.holdout
+
 
 def split_off(split: Split, fraction: float, seed: int, key: int, at_least: int = 0) -> tuple[Split, Split]:
     """(rest, part): a `fraction` of `split` (at least `at_least` samples) drawn by the seed, both in index order."""
@@ -87,6 +97,8 @@ def prepare_data(spec) -> FederatedData:
     from fedvlp.data.missing import client_missing_tables, eval_tables, missing_table
 
     dataset = load_dataset(spec)
+    assert dataset.val is not None and dataset.holdout is not None
+    val, holdout = dataset.val, dataset.holdout
     data = spec.data
     labels = dataset.train.labels
     if data.label_mask > 0:
@@ -95,7 +107,7 @@ def prepare_data(spec) -> FederatedData:
         labels = mask_labels(labels, data.label_mask, spec.seed, data.mask_as)
     # One partition of train + held-out pool: a client's local test set follows its own distribution.
     n = len(dataset.train)
-    union = np.concatenate([dataset.train.labels, dataset.holdout.labels])
+    union = np.concatenate([dataset.train.labels, holdout.labels])
     parts_union = partition_clients(union, dataset.multilabel, spec)
     parts = [p[p < n] for p in parts_union]
     local_tests = [p[p >= n] - n for p in parts_union]
@@ -104,7 +116,7 @@ def prepare_data(spec) -> FederatedData:
         table = client_missing_tables(parts_union, len(union), data.missing_rate, data.missing_type,
                                       data.missing_client_skew, spec.seed)
         train_missing, holdout_missing = table[:n], table[n:]
-        val_missing = missing_table(len(dataset.val), data.missing_rate, data.missing_type, spec.seed, MISSING_VAL_KEY)
+        val_missing = missing_table(len(val), data.missing_rate, data.missing_type, spec.seed, MISSING_VAL_KEY)
         eval_missing = eval_tables(len(dataset.test), data.missing_rate, data.missing_type, spec.seed)
     elif data.missing_rate > 0:
         raise ConfigError(f"data.missing_rate: {dataset.name} has no text modality to miss")

@@ -74,7 +74,7 @@ class ArrayImages:
             return batch                     # fancy indexing already copied
         out = np.empty((len(batch), size, size, 3), np.uint8)
         for i, image in enumerate(batch):
-            out[i] = np.asarray(Image.fromarray(image).resize((size, size), Image.BICUBIC))
+            out[i] = np.asarray(Image.fromarray(image).resize((size, size), Image.Resampling.BICUBIC))
         return out
 
     def subset(self, indices: np.ndarray) -> ArrayImages:
@@ -108,15 +108,15 @@ def resize_shorter_and_crop(image: Image.Image, size: int) -> Image.Image:
     scale = size / min(width, height)
     new_w, new_h = max(size, round(width * scale)), max(size, round(height * scale))
     if (new_w, new_h) != (width, height):
-        image = image.resize((new_w, new_h), Image.BICUBIC)
+        image = image.resize((new_w, new_h), Image.Resampling.BICUBIC)
     left, top = (new_w - size) // 2, (new_h - size) // 2
     return image.crop((left, top, left + size, top + size))
 
 
 def _load_file(path: str, size: int) -> np.ndarray:
     try:
-        with Image.open(path) as image:
-            image = image.convert("RGB")   # forces the full decode, so truncation surfaces here
+        with Image.open(path) as opened:
+            image = opened.convert("RGB")   # forces the full decode, so truncation surfaces here
     # PIL reports broken files as OSError (incl. UnidentifiedImageError), SyntaxError, ValueError ...
     except (OSError, SyntaxError, ValueError, EOFError, Image.DecompressionBombError) as exc:
         raise _image_error(path, exc) from None
@@ -136,9 +136,9 @@ class FileImages:
 
     def load(self, indices: Sequence[int], size: int) -> np.ndarray:
         size = _check_size(size)
-        indices = np.asarray(indices, dtype=np.int64)
-        out = np.empty((len(indices), size, size, 3), np.uint8)
-        for i, index in enumerate(indices):
+        rows = np.asarray(indices, dtype=np.int64)
+        out = np.empty((len(rows), size, size, 3), np.uint8)
+        for i, index in enumerate(rows):
             out[i] = _load_file(self.paths[index], size)
         return out
 

@@ -13,6 +13,7 @@ was expected.
 from __future__ import annotations
 
 import csv
+import dataclasses
 import io
 import json
 import os
@@ -115,9 +116,7 @@ def _filter_split(split: Split, mapping: np.ndarray) -> Split:
     """Keep the samples whose single label survives `mapping`, relabelled."""
     new = mapping[split.labels]
     keep = np.flatnonzero(new >= 0)
-    paths = split.images.paths
-    texts = None if split.texts is None else tuple(split.texts[i] for i in keep)
-    return Split(FileImages(tuple(paths[i] for i in keep)), new[keep], texts)
+    return dataclasses.replace(split.subset(keep), labels=new[keep])
 
 
 # --------------------------------------------------------------------------- VOC2007
@@ -417,9 +416,7 @@ def _fedprime_imdb(train: Split, dev: Split, test: Split) -> tuple[tuple[str, ..
     """FED-PRIME's protocol: single-genre movies only, then the 8 genres most frequent among them in train."""
     def single(split: Split) -> Split:
         keep = np.flatnonzero((split.labels == 1).sum(axis=1) == 1)
-        texts = tuple(split.texts[i] for i in keep)
-        paths = tuple(split.images.paths[i] for i in keep)
-        return Split(FileImages(paths), split.labels[keep].argmax(axis=1).astype(np.int64), texts)
+        return dataclasses.replace(split.subset(keep), labels=split.labels[keep].argmax(axis=1).astype(np.int64))
 
     train, dev, test = single(train), single(dev), single(test)
     mapping, names = _top_k_relabel(train.labels, MMIMDB_GENRES, FEDPRIME_IMDB_CLASSES)

@@ -284,6 +284,7 @@ def _texts(p: dict[str, np.ndarray]) -> list[str]:
     for i in range(len(p["label"])):
         template, slots = TEMPLATES[p["template"][i]]
         words: list[str] = []
+        group: tuple[str, ...]
         for j in range(slots):
             if p["slot_kind"][i, j] == 2:
                 group, w = SHARED, int(p["slot_word"][i, j])

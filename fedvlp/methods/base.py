@@ -11,7 +11,7 @@ knows nothing else about it. Registration checks all of this (`fedvlp.methods.re
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -64,9 +64,11 @@ class Method(torch.nn.Module):
     feature_kind: ClassVar[str] = "global"
     # parameter-name prefix -> server rule (a name in fedvlp.platform.aggregation.RULES, or LOCAL);
     # the longest prefix wins; `server.rules` in the config overrides entries per prefix
-    server_rules: ClassVar[dict[str, str]] = {"": "fedavg"}
+    server_rules: dict[str, str] = {"": "fedavg"}
+    backbone: Any  # the frozen backbone (fedvlp.backbones), shared by every method object of a worker
+    _initial_local: State
 
-    def __init__(self, params, backbone, task: Task):
+    def __init__(self, params, backbone, task: Task, generator: torch.Generator | None = None):
         super().__init__()
         self.params = params
         self.task = task
@@ -90,7 +92,7 @@ class Method(torch.nn.Module):
         """
         raise NotImplementedError
 
-    def forward(self, features: torch.Tensor) -> torch.Tensor:
+    def forward(self, features: Any) -> torch.Tensor:
         """Logits [B, C] for a batch of frozen inputs of `feature_kind` (what `make_inputs` builds).
 
         Used for training inside `local_update` and, under `torch.no_grad()` and `eval()`, for every
@@ -161,7 +163,7 @@ class Method(torch.nn.Module):
         return {"loss": sum(losses) / max(1, len(losses)), "steps": len(losses)}
 
     @torch.no_grad()
-    def score(self, features: torch.Tensor, chunk: int = 1024) -> torch.Tensor:
+    def score(self, features: torch.Tensor | TokenInputs, chunk: int = 1024) -> torch.Tensor:
         self.eval()
         return torch.cat([self(features[i : i + chunk]) for i in range(0, len(features), chunk)])
 

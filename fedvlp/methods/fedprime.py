@@ -73,7 +73,7 @@ def vilt_classifier(dim: int, num_classes: int, generator: torch.Generator) -> t
     head = torch.nn.Sequential(torch.nn.Linear(dim, 2 * dim), torch.nn.LayerNorm(2 * dim), torch.nn.GELU(),
                                torch.nn.Linear(2 * dim, num_classes))
     with torch.no_grad():
-        for layer in (head[0], head[3]):
+        for layer in (module for module in head if isinstance(module, torch.nn.Linear)):
             layer.weight.normal_(0.0, 0.02, generator=generator)
             layer.bias.zero_()
     return head

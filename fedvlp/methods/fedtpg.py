@@ -87,6 +87,7 @@ class FedTPG(Method):
     name = "fedtpg"
     Params = FedTPGParams
     server_rules = {"": "mean"}
+    class_embeddings: torch.Tensor
 
     def __init__(self, params: FedTPGParams, backbone, task, generator=None):
         super().__init__(params, backbone, task)

@@ -6,12 +6,19 @@ longest tokenised prompt, which gives the same features as the full context and 
 """
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import torch.nn.functional as F
 
 
 class PromptTemplate(torch.nn.Module):
     """Frozen token embeddings of 'X X .. X {class}.' for every class, with slots for learned context."""
+
+    backbone: Any
+    prefix: torch.Tensor
+    suffix: torch.Tensor
+    eot: torch.Tensor
 
     def __init__(self, backbone, class_names, n_ctx: int):
         super().__init__()
@@ -55,6 +62,12 @@ class ConditionPromptTemplate(torch.nn.Module):
     text-encoder pass over all N x C prompts. `conditions=()` gives plain class prompts
     [SOS][class ctx][CLASS][.][EOS] (N = 1), the "no condition prompts" ablation.
     """
+
+    backbone: Any
+    frozen: torch.Tensor
+    cond_slot: torch.Tensor
+    cls_slot: torch.Tensor
+    eot: torch.Tensor
 
     def __init__(self, backbone, conditions, class_names, n_cond_ctx: int, n_cls_ctx: int):
         super().__init__()
@@ -125,6 +138,8 @@ class PromptPool(torch.nn.Module):
     cluster only the prompts the clients used. `resize(n)` rebuilds the pool for a global state of
     another size (FED-PRIME's server keeps every used centroid, so the pool size varies by round).
     """
+
+    selected: torch.Tensor
 
     def __init__(self, size: int, dim: int, top_k: int, batchwise: bool, generator: torch.Generator,
                  patch_size: int = 32, track_selection: bool = False):

@@ -7,8 +7,13 @@ every value of its `server_rules` is a known server rule (`fedvlp.platform.aggre
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from fedvlp.registry import Registry
 from fedvlp.spec import check_params_class
+
+if TYPE_CHECKING:
+    from fedvlp.methods.base import Method
 
 FEATURE_KINDS = {"clip": ("global", "tokens"), "vilt": ("embeddings",)}
 
@@ -20,7 +25,7 @@ def _check_method(name: str, cls) -> None:
     if getattr(cls, "name", None) != name:
         raise TypeError(f"{owner}: its class attribute name must be {name!r}")
     check_params_class(getattr(cls, "Params", None), owner)
-    kinds = FEATURE_KINDS.get(getattr(cls, "backbone_kind", None))
+    kinds = FEATURE_KINDS.get(getattr(cls, "backbone_kind", ""))
     if kinds is None:
         raise ValueError(f"{owner}: backbone_kind must be one of {', '.join(FEATURE_KINDS)}, got {cls.backbone_kind!r}")
     if cls.feature_kind not in kinds:
@@ -42,10 +47,10 @@ def _check_method(name: str, cls) -> None:
             raise TypeError(f"{owner}: implement {hook}() (see the contract in fedvlp.methods.base.Method)")
 
 
-METHODS: Registry[type] = Registry("method", "method.name", _check_method)
+METHODS: Registry[type[Method]] = Registry("method", "method.name", _check_method)
 
 
 def register(cls):
     """Class decorator: register a `Method` subclass under its `name`."""
-    METHODS.add(getattr(cls, "name", None), cls)
+    METHODS.add(getattr(cls, "name", ""), cls)
     return cls

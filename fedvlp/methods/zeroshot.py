@@ -30,6 +30,7 @@ class ZeroShotParams:
 class ZeroShot(Method):
     name = "zeroshot"
     Params = ZeroShotParams
+    text: torch.Tensor
 
     def __init__(self, params: ZeroShotParams, backbone, task, generator=None):
         super().__init__(params, backbone, task)

@@ -36,7 +36,7 @@ class ServerRule:
     """A named server rule (see the module docstring for the two kinds)."""
     name: str
     kind: Literal["average", "custom"]
-    run: Callable[..., tuple[State, dict]]
+    run: Callable[..., tuple]  # (new, state) or (new, state, diagnostics); see apply_rule
     weighting: Literal["samples", "uniform"] = "samples"  # average rules: FedAvg weights or the plain mean
     options: type | None = None  # frozen dataclass of the rule's options, or None
     doc: str = ""
@@ -237,7 +237,8 @@ def apply_rule(rule: ServerRule | str, inputs: RuleInputs,
     else:
         result = rule.run(inputs.states, inputs.num_samples, inputs.previous, inputs.state, inputs.generator,
                           inputs.options)
-    return result if len(result) == 3 else (*result, {})
+    new, state, *diagnostics = result
+    return new, state, diagnostics[0] if diagnostics else {}
 
 
 def is_average(rule: str) -> bool:

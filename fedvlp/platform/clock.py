@@ -35,6 +35,6 @@ class VirtualClock:
         seconds = {cid: self.client_seconds(cid) for cid in cohort}
         on_time = [cid for cid in cohort if deadline is None or seconds[cid] <= deadline]
         late = [cid for cid in cohort if cid not in on_time]
-        duration = deadline if late else max(seconds.values(), default=0.0)
+        duration = max(seconds.values(), default=0.0) if deadline is None or not late else deadline
         self.elapsed += duration
         return on_time, late, duration

@@ -11,8 +11,6 @@ receives masked vectors and recovers their sum (`fedvlp.platform.secagg`), noise
 """
 from __future__ import annotations
 
-import itertools
-
 import ray
 import torch
 
@@ -63,8 +61,10 @@ class Coordinator:
             raise RuntimeError(f"round {round_index}: no client update carries data")
         states, average = self._private_inputs(round_index, cohort, updates)
         new_state, diagnostics = {}, {}
-        for rule_name, keys in itertools.groupby(sorted(self.rules, key=self.rules.get), key=self.rules.get):
-            keys = list(keys)
+        by_rule: dict[str, list[str]] = {}
+        for key, rule_name in self.rules.items():
+            by_rule.setdefault(rule_name, []).append(key)
+        for rule_name, keys in sorted(by_rule.items()):
             inputs = RuleInputs([{k: s[k] for k in keys if k in s} for s in states], sizes,
                                 {k: self.state[k] for k in keys}, self.rule_states.get(rule_name, {}),
                                 torch_generator(self.seed, "aggregate", round_index), self.rule_options.get(rule_name))

@@ -17,6 +17,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import ray
@@ -25,7 +26,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from fedvlp.backbones import backbone_id, load_backbone, prepare_backbone
 from fedvlp.backbones.clip import FEATURE_CHUNK
-from fedvlp.data import prepare_data
+from fedvlp.data import FederatedData, Split, prepare_data
 from fedvlp.data.feature_cache import FeatureCache, array_digest, feature_key
 from fedvlp.errors import ConfigError, FedvlpError, ResourceError, RoundFailedError
 from fedvlp.methods import METHODS
@@ -92,7 +93,7 @@ def run_federated(spec, *, progress: bool = True, on_round=None, tags: dict | No
     if not ray.is_initialized() and not os.environ.get("RAY_ADDRESS"):  # the local Ray will get this machine
         import torch
 
-        check_fits(spec, {"CPU": os.cpu_count(), "GPU": torch.cuda.device_count()}, "this machine")
+        check_fits(spec, {"CPU": os.cpu_count() or 1, "GPU": torch.cuda.device_count()}, "this machine")
     tic = time.perf_counter()
     data = prepare_data(spec)
     if METHODS[spec.method.name].feature_kind == "embeddings" and data.train_missing is None:
@@ -126,7 +127,7 @@ def run_federated(spec, *, progress: bool = True, on_round=None, tags: dict | No
         placement, bundle_offset = _reserve(spec)
         tic = phase("ray", tic)
         plugin_env = actor_runtime_env(spec.plugins)
-        coordinator = Coordinator.options(
+        coordinator = Coordinator.options(  # type: ignore[attr-defined]  # a Ray actor class
             num_cpus=spec.resources.coordinator_cpus, name=f"fedvlp-{tracker.run_id}-coordinator",
             runtime_env=plugin_env,
             scheduling_strategy=PlacementGroupSchedulingStrategy(placement, placement_group_bundle_index=bundle_offset),
@@ -211,7 +212,7 @@ def _train_round(spec, round_index: int, coordinator, pool: WorkerPool, clock: V
     """One round of local updates on the cohort, aggregated by the coordinator: (its metrics, its failures)."""
     federation = spec.federation
     sampled = ray.get(coordinator.sample_cohort.remote(round_index))
-    cohort, late, metrics = sampled, [], {}
+    cohort, late, metrics = sampled, list[int](), dict[str, Any]()
     if clock is not None:  # stragglers are known from the simulated clock before any work: they are not trained
         cohort, late, simulated = clock.run_round(sampled, federation.round_deadline_s)
         metrics.update(virtual_round_seconds=simulated, virtual_clock_seconds=clock.elapsed)
@@ -385,15 +386,15 @@ def ensure_ray(plugins=()) -> bool:
     if ray.is_initialized():
         return False
     quiet = os.environ.get("FEDVLP_RAY_LOGS") != "1"
-    common = {"log_to_driver": not quiet, "logging_level": "ERROR" if quiet else "INFO",
-              "runtime_env": runtime_env(plugins)}
+    common: dict[str, Any] = {"log_to_driver": not quiet, "logging_level": "ERROR" if quiet else "INFO",
+                              "runtime_env": runtime_env(plugins)}
     if os.environ.get("RAY_ADDRESS"):
         ray.init(address=os.environ["RAY_ADDRESS"], **common)
     else:
         import torch
 
         # address="local": never attach to a stray cluster left by `ray start` on this machine
-        ray.init(address="local", num_cpus=os.cpu_count(), num_gpus=torch.cuda.device_count(),
+        ray.init(address="local", num_cpus=os.cpu_count() or 1, num_gpus=torch.cuda.device_count(),
                  include_dashboard=False, **common)
     return True
 
@@ -440,16 +441,17 @@ def _reserve(spec):
     return group, 0
 
 
-def _feature_sets(data, feature_kind: str) -> list[tuple[str, object, np.ndarray | None]]:
+def _feature_sets(data: FederatedData, feature_kind: str) -> list[tuple[str, Split, np.ndarray | None]]:
     """What the workers encode: (name, split, missing table). The training split, the held-out pool of the
     clients' local test sets, val and test; for image+text methods val under the training setting, and the
     test split once per evaluation set ("test" is the training setting, then "test_full", "test_miss_image", ...)."""
     dataset = data.dataset
     if feature_kind != "embeddings":
-        return [("train", dataset.train, None), ("holdout", dataset.holdout, None), ("val", dataset.val, None),
+        return [("train", dataset.train, None), ("holdout", data.holdout, None), ("val", data.val, None),
                 ("test", dataset.test, None)]
-    return [("train", dataset.train, data.train_missing), ("holdout", dataset.holdout, data.holdout_missing),
-            ("val", dataset.val, data.val_missing)] + [
+    assert data.eval_missing is not None  # image+text data always has its evaluation tables
+    return [("train", dataset.train, data.train_missing), ("holdout", data.holdout, data.holdout_missing),
+            ("val", data.val, data.val_missing)] + [
         (_eval_set_name(name), dataset.test, table) for name, table in data.eval_missing.items()]
 
 
@@ -495,11 +497,11 @@ def _attach_data(spec, data, pool: WorkerPool, worker: dict, say) -> dict[str, s
     features, cache_status = _frozen_features(spec, data, pool.actors, worker, say)
     dataset = data.dataset
     train_ref = ray.put((features.pop("train"), data.train_labels, data.train_missing))
-    holdout_ref = ray.put((features.pop("holdout"), dataset.holdout.labels, data.holdout_missing))
+    holdout_ref = ray.put((features.pop("holdout"), data.holdout.labels, data.holdout_missing))
     missing = {"val": data.val_missing, **{_eval_set_name(n): t for n, t in (data.eval_missing or {}).items()}}
     eval_ref = ray.put({name: (f, missing.get(name)) for name, f in features.items()})
     pool.attach(train_ref, holdout_ref, data.parts, data.local_tests, eval_ref,
-                max(len(dataset.val), len(dataset.test)))
+                max(len(data.val), len(dataset.test)))
     return cache_status
 
 
@@ -525,13 +527,13 @@ def _evaluate(pool: WorkerPool, coordinator, data, task, cooccurring) -> dict[st
     for name in per_worker[0]:
         blocks = sorted((b for scores in per_worker for b in scores[name]), key=lambda b: b[0])
         logits = np.concatenate([scores for _, scores in blocks])
-        labels = data.dataset.val.labels if name == "val" else data.test_labels
+        labels = data.val.labels if name == "val" else data.test_labels
         metrics.update({f"{name}_{k}": v for k, v in _scores(task, logits, labels, cooccurring).items()})
     if pool.local_test_clients:
         clients = sorted(pool.local_test_clients)
-        logits = pool.evaluate_clients(state_ref, coordinator.client_states_of.remote(clients))
-        holdout = data.dataset.holdout.labels
-        per_client = [_scores(task, logits[cid], holdout[data.local_tests[cid]]) for cid in clients]
+        by_client = pool.evaluate_clients(state_ref, coordinator.client_states_of.remote(clients))
+        holdout = data.holdout.labels
+        per_client = [_scores(task, by_client[cid], holdout[data.local_tests[cid]]) for cid in clients]
         for key in per_client[0]:
             values = np.array([m[key] for m in per_client], dtype=np.float64)
             if np.isnan(values).all():

@@ -11,11 +11,12 @@ macro-F1. All functions are pure numpy and return plain Python floats.
 from __future__ import annotations
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 UNKNOWN = -1
 
 
-def _safe_div(num: np.ndarray, den: np.ndarray) -> np.ndarray:
+def _safe_div(num: ArrayLike, den: ArrayLike) -> np.ndarray:
     """Elementwise num / den with 0/0 (and x/0) mapped to 0, without warnings."""
     num = np.asarray(num, dtype=np.float64)
     den = np.asarray(den, dtype=np.float64)

@@ -7,6 +7,7 @@ blocks: its virtual clients move to the replacement unchanged.
 """
 from __future__ import annotations
 
+import numpy as np
 import ray
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
@@ -40,7 +41,7 @@ class WorkerPool:
     def _start(self, index: int):
         """Worker `index` in its own bundle; named (`ray list actors`) so drills and tests can reach it."""
         generation = f"-{self.replacements}" if self.replacements else ""  # a dead actor's name may linger
-        return ClientWorker.options(
+        return ClientWorker.options(  # type: ignore[attr-defined]  # a Ray actor class
             num_cpus=self.spec.resources.num_cpus, num_gpus=self.spec.resources.num_gpus,
             name=f"{self.name}-worker-{index}{generation}", runtime_env=self.runtime_env,
             scheduling_strategy=PlacementGroupSchedulingStrategy(
@@ -88,7 +89,7 @@ class WorkerPool:
         """Every worker's logits for its evaluation blocks; a worker found dead is replaced and asked again."""
         return self._on_every_worker(lambda actor: actor.evaluate.remote(state_ref), "evaluation")
 
-    def evaluate_clients(self, state_ref, local_states_ref) -> dict[int, object]:
+    def evaluate_clients(self, state_ref, local_states_ref) -> dict[int, np.ndarray]:
         """Each client's logits on its local test set, with the global state and its own local state."""
         per_worker = self._on_every_worker(lambda actor: actor.evaluate_clients.remote(state_ref, local_states_ref),
                                            "evaluation of the clients' local test sets")

@@ -162,7 +162,7 @@ def _cell(row: Row, keys: list[str]) -> tuple:
 
 def _per_seed(rows: list[Row], metric: str, keys: list[str]) -> dict[tuple, dict[str, float]]:
     """(method, cell) -> {seed: final metric} (a repeated seed counts once, as its mean)."""
-    acc = defaultdict(lambda: defaultdict(list))
+    acc: dict[tuple, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
     for r in counted(rows, metric):
         acc[(r["method"], _cell(r, keys))][r["seed"]].append(r["final"][metric])
     return {group: {seed: float(np.mean(v)) for seed, v in by_seed.items()} for group, by_seed in acc.items()}
@@ -364,10 +364,11 @@ def _diff(entry: dict) -> str:
 
 
 def _bytes(n: float) -> str:
-    for unit in ("B", "KB", "MB", "GB"):
-        if abs(n) < 1024 or unit == "GB":
+    for unit in ("B", "KB", "MB"):
+        if abs(n) < 1024:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1024
+    return f"{n:.1f} GB"
 
 
 def _write_csv(rows: list[dict], path: Path) -> Path:

@@ -38,10 +38,13 @@ import sys
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fedvlp.config import build_spec, read_yaml, set_dotted
 from fedvlp.errors import ConfigError, FedvlpError
+
+if TYPE_CHECKING:
+    from ray.tune import Callback
 
 SPACE_KEYS = {"base", "name", "set", "space", "variants", "method_settings", "seeds", "metric", "mode", "scheduler",
               "num_samples", "max_concurrent_trials", "trial_cpus", "storage", "reference"}
@@ -339,7 +342,7 @@ def run_sweep(sweep: SweepSpec, resume: bool = False, progress: bool = True):
             tuner = tune.Tuner(trainable, param_space=_param_space(sweep), tune_config=_tune_config(sweep),
                                run_config=tune.RunConfig(
                                    name=sweep.name, storage_path=str(storage), verbose=0,
-                                   callbacks=[SweepProgress(sweep.metric, sweep.mode)] if progress else [],
+                                   callbacks=[sweep_progress(sweep.metric, sweep.mode)] if progress else [],
                                    checkpoint_config=tune.CheckpointConfig(num_to_keep=1),
                                    failure_config=tune.FailureConfig(max_failures=0)))
         results = tuner.fit()
@@ -402,38 +405,36 @@ def _close_trial_runs(client, experiment_id: str, parent_run_id: str, status: st
         client.set_terminated(run.info.run_id, status)
 
 
-class SweepProgress:
-    """One line per trial event: trials done/running/pending and the best so far."""
+def sweep_progress(metric: str, mode: str) -> Callback:
+    """A Tune callback printing one line per trial event: trials done/running/pending and the best so far."""
+    from ray import tune
 
-    def __new__(cls, metric: str, mode: str):
-        from ray import tune
+    class _Progress(tune.Callback):
+        def __init__(self):
+            self.best = None
 
-        class _Progress(tune.Callback):
-            def __init__(self):
-                self.best = None
+        def _line(self, trials, finished, status: str, event: str) -> None:
+            # Tune calls back before it updates the finished trial's status
+            states = [status if t is finished else t.status for t in trials]
+            counts = {s: states.count(s) for s in ("TERMINATED", "RUNNING", "PENDING", "ERROR")}
+            best = "" if self.best is None else f"; best {metric} {self.best[0]:.4f} ({self.best[1]})"
+            print(f"sweep: {counts['TERMINATED']} done, {counts['RUNNING']} running, {counts['PENDING']} pending"
+                  + (f", {counts['ERROR']} failed" if counts["ERROR"] else "") + f"{best}  [{event}]", flush=True)
 
-            def _line(self, trials, finished, status: str, event: str) -> None:
-                # Tune calls back before it updates the finished trial's status
-                states = [status if t is finished else t.status for t in trials]
-                counts = {s: states.count(s) for s in ("TERMINATED", "RUNNING", "PENDING", "ERROR")}
-                best = "" if self.best is None else f"; best {metric} {self.best[0]:.4f} ({self.best[1]})"
-                print(f"sweep: {counts['TERMINATED']} done, {counts['RUNNING']} running, {counts['PENDING']} pending"
-                      + (f", {counts['ERROR']} failed" if counts["ERROR"] else "") + f"{best}  [{event}]", flush=True)
+        def on_trial_result(self, iteration, trials, trial, result, **info):
+            value = result.get(metric)
+            if value is not None and not math.isnan(value):
+                better = self.best is None or (value > self.best[0] if mode == "max" else value < self.best[0])
+                if better:
+                    self.best = (value, _describe(trial.config))
 
-            def on_trial_result(self, iteration, trials, trial, result, **info):
-                value = result.get(metric)
-                if value is not None and not math.isnan(value):
-                    better = self.best is None or (value > self.best[0] if mode == "max" else value < self.best[0])
-                    if better:
-                        self.best = (value, _describe(trial.config))
+        def on_trial_complete(self, iteration, trials, trial, **info):
+            self._line(trials, trial, "TERMINATED", f"{_describe(trial.config)} finished")
 
-            def on_trial_complete(self, iteration, trials, trial, **info):
-                self._line(trials, trial, "TERMINATED", f"{_describe(trial.config)} finished")
+        def on_trial_error(self, iteration, trials, trial, **info):
+            self._line(trials, trial, "ERROR", f"{_describe(trial.config)} FAILED")
 
-            def on_trial_error(self, iteration, trials, trial, **info):
-                self._line(trials, trial, "ERROR", f"{_describe(trial.config)} FAILED")
-
-        return _Progress()
+    return _Progress()
 
 
 def _describe(config: dict) -> str:

@@ -127,7 +127,8 @@ class RunTracker:
         except Exception as exc:
             raise TrackingError(f"tracking.uri: cannot open a run in MLflow store {self.uri} "
                                 f"({_reason(exc)})") from None
-        self.run_id = run_id
+        assert run_id is not None
+        self.run_id: str = run_id
         self.fallback_path = Path(spec.output_dir).resolve() / run_id / FALLBACK_FILE
         self.offline = False  # True once the store failed: from then on, the fallback file only
         self._journal: list[dict] = []  # everything logged, so the fallback file is the run's whole record

@@ -190,24 +190,27 @@ def run_tune(tune_spec: TuneSpec, out: str | Path | None = None, progress: bool 
             run_config=tune.RunConfig(name=tune_spec.experiment, storage_path=str(tune_spec.storage.resolve()),
                                       verbose=0, failure_config=tune.FailureConfig(max_failures=0)))
         results = tuner.fit()
-        complete = [r for r in results if r.metrics and r.metrics.get("seed_index") == len(tune_spec.seeds) - 1
-                    and r.metrics.get("round") == rounds and r.error is None]
+        trials = [results[i] for i in range(len(results))]
+        # (values tried, mean objective over the seeds) of every trial that ran all its seeds to the last round
+        complete = [(r.config or {}, r.metrics[OBJECTIVE]) for r in trials
+                    if r.error is None and r.metrics and r.metrics.get("seed_index") == len(tune_spec.seeds) - 1
+                    and r.metrics.get("round") == rounds]
         if not complete:
             raise FedvlpError(f"tune {tune_spec.name}: no trial finished all its seeds "
                               f"({len(results.errors)} failed); see {experiment_dir}")
-        best = (max if tune_spec.mode == "max" else min)(complete, key=lambda r: r.metrics[OBJECTIVE])
-        values = {k: (int(v) if tune_spec.ranges[k].kind == "int" else v) for k, v in best.config.items()}
-        config_path = write_tuned_config(tune_spec, values, best.metrics[OBJECTIVE], out_path)
-        client.log_metric(parent_id, f"best_{tune_spec.metric}", best.metrics[OBJECTIVE])
+        best_config, objective = (max if tune_spec.mode == "max" else min)(complete, key=lambda trial: trial[1])
+        values = {k: (int(v) if tune_spec.ranges[k].kind == "int" else v) for k, v in best_config.items()}
+        config_path = write_tuned_config(tune_spec, values, objective, out_path)
+        client.log_metric(parent_id, f"best_{tune_spec.metric}", objective)
         for key, value in values.items():
             client.set_tag(parent_id, f"best.{key}", str(value))
         client.log_artifact(parent_id, str(config_path))
         status = "FINISHED"
         if progress:
             print(f"tune {tune_spec.name}: {len(results)} trials, {len(complete)} finished all seeds; best "
-                  f"{tune_spec.metric} (mean over seeds {list(tune_spec.seeds)}) {best.metrics[OBJECTIVE]:.4f} with "
+                  f"{tune_spec.metric} (mean over seeds {list(tune_spec.seeds)}) {objective:.4f} with "
                   + ", ".join(f"{k}={_short(v)}" for k, v in values.items()))
-        return {"values": values, "objective": best.metrics[OBJECTIVE], "config": config_path,
+        return {"values": values, "objective": objective, "config": config_path,
                 "parent_run_id": parent_id, "trials": len(results), "complete": len(complete)}
     except KeyboardInterrupt:
         status = "KILLED"

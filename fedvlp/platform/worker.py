@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import time
+from typing import Any
 
 import numpy as np
 import ray
@@ -38,7 +39,7 @@ class ClientWorker:
         self.spec, self.index = spec, index
         gpu_ids = ray.get_gpu_ids()
         self.device = torch.device("cuda" if gpu_ids and torch.cuda.is_available() else "cpu")
-        self.backbone = load_backbone(spec, self.device)
+        self.backbone: Any = load_backbone(spec, self.device)  # CLIP or ViLT, as the method's feature_kind says
         self.method = build_method(spec, self.backbone, task).to(self.device)
         self.clients: dict[int, ClientData] = {}
         self.local_tests: dict[int, ClientData] = {}
@@ -113,7 +114,7 @@ class ClientWorker:
             return {"client_id": client_id, "late": True}, None
         self._injected_fault(round_index, client_id)
         started = time.time()
-        self.method.load(_to(global_state, self.device), _to(client_state, self.device))
+        self.method.load(_to(global_state, self.device), _to_optional(client_state, self.device))
         data = self.clients[client_id]
         result = self.method.local_update(data, torch_generator(self.spec.seed, "client", round_index, client_id))
         state = _to(self.method.global_state(), "cpu")
@@ -160,10 +161,14 @@ class ClientWorker:
         global_state = _to(global_state, self.device)
         out = {}
         for cid, data in sorted(self.local_tests.items()):
-            self.method.load(global_state, _to(local_states.get(cid), self.device))
+            self.method.load(global_state, _to_optional(local_states.get(cid), self.device))
             out[cid] = self.method.score(data.features).cpu().numpy()
         return out
 
 
-def _to(state: dict | None, device) -> dict | None:
-    return None if state is None else {k: v.to(device) for k, v in state.items()}
+def _to(state: dict, device) -> dict:
+    return {k: v.to(device) for k, v in state.items()}
+
+
+def _to_optional(state: dict | None, device) -> dict | None:
+    return None if state is None else _to(state, device)
