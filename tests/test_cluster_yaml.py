@@ -1,4 +1,4 @@
-"""cluster.yaml is a Ray cluster launcher file that Ray itself accepts (DESIGN §6).
+"""cluster.yaml is a Ray cluster launcher file that Ray itself accepts.
 
 Validation is Ray's own: the file as written against `ray/autoscaler/ray-schema.json`
 (jsonschema; unknown keys are errors), then what `ray up` does before it contacts the cloud,

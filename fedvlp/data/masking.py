@@ -1,4 +1,4 @@
-"""Partial labels (DESIGN §4): each training annotation is hidden with probability m."""
+"""Partial labels: each training annotation is hidden with probability m."""
 from __future__ import annotations
 
 import numpy as np

@@ -1,5 +1,4 @@
-"""Missing-modality simulation (DESIGN §4; the convention of Lee et al. CVPR'23 that FED-PRIME
-copies, REFERENCES §1.3).
+"""Missing-modality simulation (the convention of Lee et al. CVPR'23 that FED-PRIME copies).
 
 A *missing table* holds one int8 code per sample: ``FULL`` (0), ``MISSING_TEXT`` (1) or
 ``MISSING_IMAGE`` (2). No sample ever loses both modalities.
@@ -55,7 +54,7 @@ TRAIN_KEY = 0
 SKEW_KEY = 100
 MISSING_IMAGE_FILL = 1.0          # value of every element of a missing image, after normalisation
 
-# The six fixed evaluation sets of DESIGN §4: name -> (rate, kind).
+# The six fixed evaluation sets (FED-PRIME's protocol): name -> (rate, kind).
 EVAL_SETTINGS: dict[str, tuple[float, str]] = {
     "full": (0.0, "both"),
     "miss_image": (0.7, "image"),

@@ -1,4 +1,4 @@
-"""The ``synthetic-recipes`` image + text, single-label dataset (DESIGN §5), like UPMC Food-101.
+"""The ``synthetic-recipes`` image + text, single-label dataset, like UPMC Food-101.
 
 16 classes = 4 cuisines x 4 containers. Class ``c`` is cuisine ``c // 4`` and container
 ``c % 4`` (cuisine-major: "ginger bowl", "ginger plate", ..., "lemon tray"). Each modality

@@ -2,7 +2,7 @@
 
 Sun et al., "DualCoOp: Fast Adaptation to Multi-Label Recognition with Limited Annotations"
 (sunxm2357/DualCoOp models/dualcoop.py); the federated version is the FedMPT baseline, whose
-server averages the prompt learner (REFERENCES §2.2).
+server averages the prompt learner.
 
 Two learned contexts, positive and negative (n_ctx tokens each, shared by all classes or, with
 `csc`, one per class), give two text features per class. The positive context starts from the

@@ -1,6 +1,6 @@
 """FedAvg-P and FedProx-P: missing-aware prompts (Lee et al., CVPR'23) on a frozen ViLT, federated.
 
-The FED-PRIME paper's baselines (REFERENCES §1.3, §1.7). There is one prompt set per missing
+The FED-PRIME paper's baselines. There is one prompt set per missing
 type (complete, text missing, image missing); each sample uses the set of its own type. A set
 holds `prompt_length` tokens for each of the first `prompt_layers` transformer layers, prepended
 to the sequence before that layer ("input" prompts, so they accumulate). A trainable pooler on

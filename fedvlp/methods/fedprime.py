@@ -14,7 +14,7 @@ network (`fedvlp.platform.clustering`, rule "hungarian"); the query projections 
 
 Fed-Inter and Fed-Intra are the same method with one pool (`pools: inter` / `pools: intra`).
 
-Deviations from the reference code (hangpt01/FedPrime, REFERENCES §1.5-1.6), each deliberate:
+Deviations from the reference code (hangpt01/FedPrime), each deliberate:
 * selection is per sample by default (the paper); `selection: batch` is the reference's
   batch-wise majority vote;
 * the regulariser pulls (the paper, and L2P); the reference adds +0.01 * similarity;

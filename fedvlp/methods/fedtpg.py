@@ -1,7 +1,7 @@
 """FedTPG: a prompt generator, conditioned on the class names' text embeddings, learned by all clients.
 
 Qiu et al., "Federated Text-driven Prompt Generation for Vision-Language Models" (ICLR 2024;
-boschresearch/FedTPG model/prompt_net.py PromptTranslator and model/FedTPG.py; REFERENCES §2.2).
+boschresearch/FedTPG model/prompt_net.py PromptTranslator and model/FedTPG.py).
 Instead of a context vector, the clients learn a network that writes the context from the task's
 class names: n_ctx learnable query tokens (N(0, 0.02)) cross-attend (nn.MultiheadAttention,
 4 heads, pre-norm on queries and keys, keys/values = the frozen CLIP text embeddings of the bare

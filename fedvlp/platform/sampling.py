@@ -1,4 +1,4 @@
-"""Per-round cohort sampling (DESIGN §4)."""
+"""Per-round cohort sampling."""
 from __future__ import annotations
 
 from fedvlp.seeding import numpy_rng

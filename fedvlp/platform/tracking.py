@@ -1,4 +1,4 @@
-"""MLflow tracking for one federated run (DESIGN §6).
+"""MLflow tracking for one federated run.
 
 One run = one MLflow run: params are the flattened config, tags name the method and dataset,
 metrics are stepped by round, and the resolved config and final metrics are artifacts. The run
