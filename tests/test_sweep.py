@@ -225,3 +225,17 @@ def test_method_settings_apply_to_their_method_only(tmp_path):
     with pytest.raises(ConfigError, match=r"trial .*method\.bogus: unknown key"):
         load_sweep(write_space(tmp_path, space={"method.name": {"grid": ["fedmpt"]}},
                                method_settings={"fedmpt": {"method.bogus": 1}}))
+
+
+def test_method_settings_from_a_run_config_and_swept_values_win(tmp_path):
+    from fedvlp.config import load_spec
+
+    sweep = load_sweep(write_space(tmp_path, space={"method.name": {"grid": ["promptfl", "fedmpt"]},
+                                                    "method.local_epochs": {"grid": [1, 2]}},
+                                   method_settings={"fedmpt": "fedmpt_scenes"}))
+    shipped = load_spec("fedmpt_scenes").method.params
+    fedmpt = trial_spec(sweep, {"method.name": "fedmpt", "method.local_epochs": 1, "seed": 0}, "p").method.params
+    assert fedmpt == dataclasses.replace(shipped, local_epochs=1)
+    with pytest.raises(ConfigError, match=r"method_settings\.fedmpt: expected a run config of method fedmpt"):
+        load_sweep(write_space(tmp_path, space={"method.name": {"grid": ["fedmpt"]}},
+                               method_settings={"fedmpt": "quickstart"}))

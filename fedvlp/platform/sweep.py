@@ -17,8 +17,9 @@ A space file (a path, or the name of one shipped in fedvlp/tune_spaces):
     variants:                               # optional: named sets of overrides, swept as a grid ("variant")
       full: {}
       no_gate: {method.gate: false}
-    method_settings:                        # optional: overrides applied whenever a trial runs that method
-      fedmpt: {method.lr: 0.02, method.local_epochs: 5}
+    method_settings:                        # optional: whenever a trial runs that method, its settings come
+      fedmpt: fedmpt_scenes                 #   from the `method:` section of a run config (its tuned one),
+      dualcoop: {method.region_scale: 5.0}  #   or from a mapping of dotted keys; swept values still win
     seeds: [0, 1, 2]
     metric: val_mAP                         # what ASHA and "best" read: a val_* metric, never a test one
     mode: max
@@ -134,9 +135,11 @@ def load_sweep(path: str | Path, overrides: list[str] | None = None) -> SweepSpe
 
     space = {}
     method_settings = raw.get("method_settings") or {}
-    if not isinstance(method_settings, dict) or not all(isinstance(v, dict) for v in method_settings.values()):
-        raise _fail(path, "method_settings", "a mapping of method names to mappings of dotted keys to values",
-                    method_settings)
+    if not isinstance(method_settings, dict) or \
+            not all(isinstance(v, (dict, str)) for v in method_settings.values()):
+        raise _fail(path, "method_settings", "a mapping of method names to run config names or to mappings of "
+                    "dotted keys to values", method_settings)
+    method_settings = {name: _settings_of(value, name, path) for name, value in method_settings.items()}
     variants = raw.get("variants")
     if variants is not None:
         if not isinstance(variants, dict) or not variants or \
@@ -193,6 +196,16 @@ def load_sweep(path: str | Path, overrides: list[str] | None = None) -> SweepSpe
     return sweep
 
 
+def _settings_of(value: dict | str, method: str, space_path: Path) -> dict:
+    """A method's settings as dotted keys: the mapping given, or the `method:` section of the run config named."""
+    if isinstance(value, dict):
+        return value
+    section = read_yaml(resolve_base(value, space_path)).get("method") or {}
+    if section.get("name") != method:
+        raise _fail(space_path, f"method_settings.{method}", f"a run config of method {method}", value)
+    return {f"method.{key}": v for key, v in section.items() if key != "name"}
+
+
 def _validation_points(sweep: SweepSpec):
     """Every grid/choice combination (range ends for uniform/loguniform), with the first seed."""
     options = {k: (values if kind in ("grid", "choice") else list(values)) for k, (kind, values) in sweep.space.items()}
@@ -205,9 +218,9 @@ def trial_spec(sweep: SweepSpec, config: dict, parent_run_id: str):
     raw = copy.deepcopy(sweep.base)
     values = dict(config)
     values.update(sweep.variants.get(values.pop(VARIANT_KEY, None), {}))
-    for key, value in sorted(values.items(), key=lambda kv: kv[0] != "method.name"):  # a method switch first
-        set_dotted(raw, key, value)
-    for key, value in sweep.method_settings.get(raw["method"]["name"], {}).items():
+    if "method.name" in values:  # a method switch first: it drops the base method's settings
+        set_dotted(raw, "method.name", values.pop("method.name"))
+    for key, value in {**sweep.method_settings.get(raw["method"]["name"], {}), **values}.items():
         set_dotted(raw, key, value)
     raw["tracking"]["experiment"] = sweep.experiment
     raw["tracking"]["run_name"] = trial_name(sweep, config, raw["method"]["name"])
