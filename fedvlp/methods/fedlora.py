@@ -13,8 +13,8 @@ both built with peft's own machinery (`LoraConfig`, `inject_adapter_in_model`,
   cross-entropy (multi-label) or cross-entropy (single-label). The frozen image features stay cached.
 * `fedlora_vilt` (ViLT, the FED-PRIME family's missing-modality inputs): LoRA on the query and value
   projections of every transformer layer (`method.targets`), plus FedAvg-P's trainable pooler and
-  classifier head; cross-entropy. Evaluated, like every ViLT method, on the test split under the
-  training setting and the six fixed missing-modality sets.
+  classifier head; cross-entropy (masked binary cross-entropy on multi-label data). Evaluated, like
+  every ViLT method, on the test split under the training setting and the six fixed missing-modality sets.
 
 What crosses the wire is exactly the trainable state, all FedAvg'd (weighted by client data size): the
 LoRA tensors, as `get_peft_model_state_dict` names them (`text.resblocks.0.mlp.c_fc.lora_A.weight`, ...;
@@ -38,14 +38,14 @@ forked RNG; LoRA dropout, when `method.dropout` > 0, is seeded from the client's
 so a run is reproducible bit for bit (the default dropout is 0). The frozen layers always run in eval
 mode, exactly as the frozen backbone does; only the adapters' dropout follows train/eval.
 
-Optimiser (`method.optimizer`): on CLIP AdamW without weight decay (= Adam) at lr 2e-3, as PromptFL's
-Adam, the optimiser of the LoRA paper and of the federated LoRA frameworks above. On ViLT plain SGD at
-lr 0.05 with FedAvg-P's lr range, as the FED-PRIME family it is compared with, so the study compares
-parameterisations under one optimiser and one tuning protocol. In the tiny-ViLT world the optimiser
-matters more than LoRA: with AdamW the pooler and classifier alone reach ~0.73 accuracy after three
-local epochs on 600 pairs, where SGD at lr 0.05 leaves every ViLT method near 0.1; `optimizer: adamw`
-(with an lr around 2e-3) is the LoRA-as-usually-run variant. Under SGD LoRA moves slowly: at B = 0 A gets
-no gradient, and B's is scaled by the small random A. Both optimisers are built afresh every round.
+Optimiser (`method.optimizer`, built afresh every round): on CLIP AdamW without weight decay (= Adam) at
+lr 2e-3, as PromptFL's Adam, and the optimiser of the LoRA paper and of the federated LoRA frameworks
+above. On ViLT plain SGD at lr 0.05 with FedAvg-P's lr range, as the FED-PRIME family it is compared with,
+so that comparison holds the optimiser fixed and differs only in what is trained. AdamW (`optimizer:
+adamw`, lr ~2e-3) is LoRA as usually run, and learns faster in the tiny-ViLT world (fedlora_vilt_recipes,
+10 rounds: test accuracy 0.60 with SGD, 0.71 with AdamW; FedAvg-P 0.52 with SGD); much of that is the
+heads, which AdamW trains faster too. Under SGD A hardly moves (its gradient is scaled by B, which starts
+at 0), so plain LoRA and FFA-LoRA end within 0.002 of each other there.
 
 What peft cannot wrap here: the attention of open_clip's text encoder. It is a torch
 `nn.MultiheadAttention`, whose query/key/value projection is a bare parameter (`in_proj_weight`, no
@@ -53,10 +53,13 @@ What peft cannot wrap here: the attention of open_clip's text encoder. It is a t
 calls (it passes `out_proj.weight` to `F.multi_head_attention_forward`): an adapter on `out_proj` alone is
 silently ignored. peft's answer is its `lora.MultiheadAttention` layer, which adapts the whole attention
 by adding B A to `in_proj_weight` and `out_proj.weight` before every forward and subtracting it after;
-(W + dW) - dW is not W in floating point, so the frozen weights would drift with every forward, by an
-amount that depends on how many forwards the worker has run: results would depend on which worker
-served which client, and a resumed run would not be bitwise. So `fedlora` adapts the text encoder's
-MLP linears only. ViLT's attention projections are plain `nn.Linear`s, which peft wraps directly.
+(W + dW) - dW is not W in floating point, so the frozen weights drift as B changes (on the tiny CLIP,
+500 steps moved over half of `in_proj_weight`, by up to 5e-7, and the outputs then differ from a fresh
+copy holding the same adapters): results would depend on how many forwards the worker had run, i.e. on
+which worker served which client, and a resumed run would not be bitwise. (An adapter on `out_proj`
+alone is checked the same way: with B random the output does not change at all.) So `fedlora` adapts
+the text encoder's MLP linears only. ViLT's query/key/value and output projections are plain
+`nn.Linear`s called as modules, which peft wraps directly.
 """
 from __future__ import annotations
 
@@ -64,7 +67,7 @@ import contextlib
 import copy
 import math
 from dataclasses import dataclass
-from typing import ClassVar, Literal
+from typing import Any, ClassVar, Literal, TypeVar
 
 import torch
 import torch.nn.functional as F
@@ -89,7 +92,8 @@ VILT_TARGETS = {"query_value": ("query", "value"), "query_key_value": ("query", 
 class FedLoraParams:
     rank: int = spec_field(4, "LoRA rank r", ge=1)
     alpha: float = spec_field(8.0, "LoRA alpha: the update B A is scaled by alpha / rank", gt=0)
-    dropout: float = spec_field(0.0, "dropout on the adapters' input (0: none; > 0 is seeded per client)", ge=0, lt=1)
+    dropout: float = spec_field(0.0, "dropout on the adapters' input (0: none; > 0 is seeded per client)",
+                                ge=0, lt=1)
     targets: Literal["mlp", "c_fc", "c_proj"] = spec_field(
         "mlp", "adapted linears of every text-encoder block: mlp (c_fc and c_proj), c_fc or c_proj only")
     ffa: bool = spec_field(False, "FFA-LoRA: A frozen at its seeded initialisation and never sent; only B is "
@@ -103,14 +107,16 @@ class FedLoraParams:
 
     def __post_init__(self):
         if "{}" not in self.template:
-            raise ConfigError(f"method.template: expected a '{{}}' placeholder for the class name, got {self.template!r}")
+            raise ConfigError(f"method.template: expected a '{{}}' placeholder for the class name, "
+                              f"got {self.template!r}")
 
 
 @dataclass(frozen=True)
 class FedLoraViltParams:
     rank: int = spec_field(4, "LoRA rank r", ge=1)
     alpha: float = spec_field(8.0, "LoRA alpha: the update B A is scaled by alpha / rank", gt=0)
-    dropout: float = spec_field(0.0, "dropout on the adapters' input (0: none; > 0 is seeded per client)", ge=0, lt=1)
+    dropout: float = spec_field(0.0, "dropout on the adapters' input (0: none; > 0 is seeded per client)",
+                                ge=0, lt=1)
     targets: Literal["query_value", "query_key_value", "all_linear"] = spec_field(
         "query_value", "adapted linears of every layer: query_value (the LoRA paper's), query_key_value, or "
                        "all_linear (q, k, v, attention output, MLP in and out)")
@@ -123,7 +129,10 @@ class FedLoraViltParams:
     local_epochs: int = spec_field(2, "local epochs per round", ge=1, tune=int_range(1, 5))
 
 
-def shared_copy(backbone: torch.nn.Module) -> torch.nn.Module:
+M = TypeVar("M", bound=torch.nn.Module)
+
+
+def shared_copy(backbone: M) -> M:
     """A copy of the backbone's module tree whose parameters and buffers are the backbone's own tensors.
 
     Adapters injected into it replace modules of the copy only; the backbone's modules, and so every
@@ -138,17 +147,29 @@ def shared_copy(backbone: torch.nn.Module) -> torch.nn.Module:
     return clone
 
 
+@contextlib.contextmanager
+def seeded_rng(seed: int, device: torch.device):
+    """torch's global RNG of the CPU (and of `device`, if a GPU) seeded with `seed`, restored afterwards."""
+    devices = [device] if device.type == "cuda" else []
+    with torch.random.fork_rng(devices=devices):
+        torch.default_generator.manual_seed(seed)
+        if devices:
+            with torch.cuda.device(device):
+                torch.cuda.manual_seed(seed)
+        yield
+
+
 def inject_lora(module: torch.nn.Module, targets: tuple[str, ...], params, generator: torch.Generator | None
                 ) -> torch.nn.Module:
     """peft LoRA adapters (A: peft's default Kaiming-uniform init, B: zero) on `targets` of `module`, in place.
 
-    peft draws A from torch's global RNG: it is seeded here from `generator`, in a forked RNG (the adapters
-    are created on the CPU, so A does not depend on the device either). With `params.ffa` A is frozen."""
+    peft draws A from torch's global RNG: it is seeded here from `generator`, in a forked RNG (peft creates
+    the adapters on the CPU and then moves them, so A does not depend on the device either). With
+    `params.ffa` A is frozen."""
     config = LoraConfig(r=params.rank, lora_alpha=params.alpha, lora_dropout=params.dropout,
                         target_modules=list(targets), bias="none", init_lora_weights=True)
     seed = int(torch.randint(2**62, (1,), generator=generator))
-    with torch.random.fork_rng(devices=[]):
-        torch.default_generator.manual_seed(seed)
+    with seeded_rng(seed, next(module.parameters()).device):
         inject_adapter_in_model(config, module, adapter_name=ADAPTER)
     layers = [m for m in module.modules() if isinstance(m, LoraLayer)]
     if not layers:
@@ -164,6 +185,7 @@ class LoraMethod(Method):
     adapters move, train and count as parameters with the method), a state that is exactly the communicated
     tensors, the frozen layers held in eval mode, and the local update."""
     adapter_module: ClassVar[str]
+    adapted: Any  # the backbone's copy that carries the adapters (set with object.__setattr__: not a submodule)
 
     def _adapted(self) -> torch.nn.Module:
         return getattr(self, self.adapter_module)
@@ -192,8 +214,9 @@ class LoraMethod(Method):
         lora = {k[len(own):]: v for k, v in state_dict.items() if k.startswith(own) and k in expected}
         heads = {k: v for k, v in state_dict.items() if not k.startswith(own) and k in expected}
         loaded = set_peft_model_state_dict(self._adapted(), lora, adapter_name=ADAPTER)
-        if loaded.unexpected_keys:
-            raise RuntimeError(f"set_peft_model_state_dict did not take {sorted(loaded.unexpected_keys)}")
+        refused = loaded.unexpected_keys  # type: ignore[attr-defined]
+        if refused:
+            raise RuntimeError(f"set_peft_model_state_dict did not take {sorted(refused)}")
         super().load_state_dict(heads, strict=False, assign=assign)
         return torch.nn.modules.module._IncompatibleKeys(missing, unexpected)
 
@@ -209,7 +232,8 @@ class LoraMethod(Method):
         return self
 
     def local_update(self, data: ClientData, generator: torch.Generator) -> dict[str, float]:
-        trainable = [p for p in self.parameters() if p.requires_grad]
+        trainable = self.trainable_parameters()
+        optimizer: torch.optim.Optimizer
         if self.params.optimizer == "adamw":
             optimizer = torch.optim.AdamW(trainable, lr=self.params.lr, weight_decay=0.0)
         else:
@@ -224,9 +248,7 @@ class LoraMethod(Method):
             yield
             return
         seed = int(torch.randint(2**62, (1,), generator=generator))
-        device = next(self.parameters()).device
-        with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
-            torch.manual_seed(seed)
+        with seeded_rng(seed, next(self.parameters()).device):
             yield
 
 
