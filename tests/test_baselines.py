@@ -76,8 +76,9 @@ def test_dualcoop_logit_is_pos_minus_neg_under_the_positive_regions(world):
 
 
 def test_fedotp_logit_is_the_transport_weighted_similarity(world):
-    """The reference's multiplicative Sinkhorn on K = exp(-(1 - cos) / eps), a = 1/M, b = 1/2."""
-    method = build(world, "fedotp", epsilon=0.1, ot_max_iter=2000, ot_tol=1e-9)
+    """transport=balanced: the reference's multiplicative Sinkhorn on K = exp(-(1 - cos) / eps), a = 1/M, b = 1/2.
+    (The default partial transport is checked against POT in test_numerics.)"""
+    method = build(world, "fedotp", transport="balanced", epsilon=0.1, ot_max_iter=2000, ot_tol=1e-9)
     features = world["features"]["tokens"][0][:4]
     with torch.no_grad():
         text = torch.stack([method.template.encode(method.global_ctx), method.template.encode(method.local_ctx)])
@@ -91,6 +92,28 @@ def test_fedotp_logit_is_the_transport_weighted_similarity(world):
         plan = r.unsqueeze(-1) * kernel * c.unsqueeze(-2)
         expected = world["backbone"].logit_scale * (plan * sim).sum((-2, -1)) + method.bias.double()
         assert torch.allclose(method(features).double(), expected, atol=1e-4)
+
+
+MULTILABEL_TRAINED = sorted(name for name, cls in METHODS.items()
+                            if cls.backbone_kind == "clip" and name != "zeroshot")
+
+
+@pytest.mark.parametrize("name", MULTILABEL_TRAINED)
+def test_loss_gradient_does_not_shrink_with_the_label_mask(world, name):
+    """Every multi-label loss averages over the known labels: hiding 90 % of them leaves the gradient's
+    scale where it was (a loss summed over classes and divided by the batch would shrink it about tenfold)."""
+    method = build(world, name)
+    data = client(world, method, slice(0, 128))
+    hidden = torch.rand(data.labels.shape, generator=torch.Generator().manual_seed(0)) < 0.9
+
+    def gradient_norm(labels: torch.Tensor) -> float:
+        method.zero_grad(set_to_none=True)
+        method.loss(method(data.features), labels).backward()
+        return float(torch.cat([p.grad.flatten() for p in method.trainable_parameters()]).norm())
+
+    full, masked = gradient_norm(data.labels), gradient_norm(torch.where(hidden, -1.0, data.labels))
+    print(f"{name}: gradient norm {full:.4g} with every label, {masked:.4g} with 90 % hidden")
+    assert 0.5 < masked / full < 2.0
 
 
 @pytest.mark.parametrize("name,overrides", VARIANTS, ids=IDS)

@@ -285,3 +285,10 @@ def test_partial_transport_is_pots_entropic_partial_wasserstein(epsilon):
         reference = ot.partial.entropic_partial_wasserstein(a[i].numpy(), b[i].numpy(), cost[i].numpy(), reg=epsilon,
                                                             m=0.8, numItermax=5000, stopThr=1e-14)
         assert np.abs(reference - plan[i].numpy()).max() < 1e-7
+    # FedOTP's call: a batch of problems [B, C, M, N] sharing one pair of marginals [M], [N]
+    shared = partial_transport(cost, a[0], b[0], epsilon=epsilon, max_iter=5000, tol=1e-12)
+    assert torch.allclose(shared, plan, atol=1e-12)
+    # float32 at a cost spread of 2 (cosines from -1 to 1): exp(-C/eps) underflows, the log-domain plan does not
+    wide = (torch.rand(64, 16, 2, generator=gen) * 2).float()
+    plan32 = partial_transport(wide, a[0].float(), b[0].float(), epsilon=0.01, max_iter=2000, tol=1e-7)
+    assert torch.isfinite(plan32).all() and torch.allclose(plan32.sum(-2), b[0].float().expand(64, 2), atol=1e-4)

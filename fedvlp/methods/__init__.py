@@ -1,5 +1,15 @@
 """The algorithms, one module each, registered by name in METHODS."""
-from fedvlp.methods import dualcoop, fedavg_p, fedmpt, fedotp, fedprime, fedtpg, promptfl, zeroshot  # noqa: F401  (registers them)
+from fedvlp.methods import (  # noqa: F401  (registers them)
+    dualcoop,
+    fedavg_p,
+    fedlora,
+    fedmpt,
+    fedotp,
+    fedprime,
+    fedtpg,
+    promptfl,
+    zeroshot,
+)
 from fedvlp.methods.registry import METHODS, register
 
 __all__ = ["METHODS", "register"]

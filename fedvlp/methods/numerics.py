@@ -105,25 +105,23 @@ def partial_transport(cost: Tensor, a: Tensor, b: Tensor, epsilon: float = 0.01,
     FedOTP's unbalanced "COT" variant (HongxiaLee/FedOTP, `entropic_COT_fast`, itself after POT's
     `entropic_partial_wasserstein`): with b a fraction (`top_percent`) of a's mass, each region may ship less than
     its mass, so only the best-matching regions carry the prompts. Iterates, on the Gibbs kernel K = exp(-C/eps),
-    u = min(1, a / (K v)), v = b / (K^T u), and stops when the mean change of v is below `tol` (checked every 10
-    iterations) or after `max_iter`. cost [..., M, N], a [..., M], b [..., N] -> P [..., M, N]; no gradient is
-    needed (FedOTP treats the plan as a constant), so callers run it under `no_grad`.
+    u = min(1, a / (K v)), v = b / (K^T u), and stops when v's mean relative change is below `tol` (checked every
+    10 iterations) or after `max_iter`. cost [..., M, N], a [..., M], b [..., N] (marginals broadcast over the
+    batch) -> P [..., M, N]. The iterations run on log u and log v: at the reference's eps = 0.01 a cost spread
+    above ~0.9 underflows float32's kernel. No gradient is needed (FedOTP treats the plan as a constant), so
+    callers run it under `no_grad`.
     """
     if epsilon <= 0 or max_iter < 1:
         raise ValueError(f"partial_transport: need epsilon > 0 and max_iter >= 1, got {epsilon}, {max_iter}")
-    # Shift each problem's exponent by its largest entry: the kernel stays in (0, 1]; u absorbs the constant.
     neg_c = -cost / epsilon
-    shift = neg_c.amax(dim=(-2, -1), keepdim=True)
-    kernel = torch.exp(neg_c - shift)  # K' = K e^-shift; with u' = u e^shift the plan u' K' v is u K v
-    cap = torch.exp(shift[..., 0]).expand_as(a)  # u <= 1  <=>  u' <= e^shift
-    v = torch.ones_like(b)
-    u = torch.ones_like(a)
+    log_a, log_b = torch.log(a).to(cost.dtype), torch.log(b).to(cost.dtype)
+    log_v = torch.zeros_like(log_b)
     for iters in range(1, max_iter + 1):
-        u = torch.minimum(a / (kernel * v.unsqueeze(-2)).sum(-1), cap)
-        previous, v = v, b / (kernel * u.unsqueeze(-1)).sum(-2)
-        if iters % _CHECK_EVERY == 0 and float((v - previous).abs().mean()) < tol * float(v.abs().mean()):
+        log_u = (log_a - torch.logsumexp(neg_c + log_v.unsqueeze(-2), dim=-1)).clamp(max=0.0)  # u <= 1
+        previous, log_v = log_v, log_b - torch.logsumexp(neg_c + log_u.unsqueeze(-1), dim=-2)
+        if iters % _CHECK_EVERY == 0 and float(torch.expm1(log_v - previous).abs().mean()) < tol:
             break
-    return u.unsqueeze(-1) * kernel * v.unsqueeze(-2)
+    return torch.exp(neg_c + log_u.unsqueeze(-1) + log_v.unsqueeze(-2))
 
 
 def asymmetric_loss(logits: Tensor, targets: Tensor, gamma_neg: float = 4.0, gamma_pos: float = 1.0,
