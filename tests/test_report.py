@@ -196,3 +196,26 @@ def test_accuracy_against_privacy_spent_has_one_line_per_method_and_participatio
     assert [p[0] for p in lines["a participation=1"]] == [5.5, 10.5, 20.5]
     assert [round(p[1], 4) for p in lines["a participation=1"]] == [0.58, 0.555, 0.505]
     assert plot_vs_epsilon(rows, "val_mAP", keys, "test", tmp_path / "eps.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_named_variants_are_reported_as_methods_with_paired_differences(tracking_uri, tmp_path):
+    """A variant sweep (Fed-Inter is a setting of fedprime; FedAvg-P another method): each variant is a row of its
+    own, swept values stay columns, and the reference may be a variant."""
+    client = MlflowClient(tracking_uri)
+    exp_id = client.create_experiment("sweep-settings")
+    parent = client.create_run(exp_id, run_name="sweep", tags={
+        "fedvlp.role": "sweep", "sweep": "sweep-settings", "metric": "val_mAP", "mode": "max",
+        "reference": "fedavg_p", "swept_keys": "federation.heterogeneity,variant"}).info.run_id
+    finals = {("fedprime", "fedprime"): (0.60, 0.64), ("fedprime", "fed_inter"): (0.50, 0.56),
+              ("promptfl", "fedavg_p"): (0.40, 0.42)}  # (method tag, variant): seeds 0, 1
+    for (method, variant), values in finals.items():
+        for seed, final in enumerate(values):
+            _trial(client, exp_id, parent, method if method != "fedprime" else "fedmpt", 0.5, seed, final,
+                   tags={"swept.variant": variant})
+    client.set_terminated(parent, "FINISHED")
+    files = make_report(tracking_uri, "sweep-settings", tmp_path / "report")
+    rows = {r["method"]: r for r in _csv(files["summary.csv"]) if r["metric"] == "val_mAP"}
+    assert set(rows) == {"fedprime", "fed_inter", "fedavg_p"} and "variant" not in rows["fedprime"]
+    assert float(rows["fed_inter"]["diff"]) == pytest.approx(0.53 - 0.41)
+    assert float(rows["fed_inter"]["diff_ci95"]) == pytest.approx(T2 * abs(0.10 - 0.14) / 2)
+    assert rows["fedavg_p"]["diff"] == ""

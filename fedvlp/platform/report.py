@@ -25,6 +25,7 @@ import numpy as np
 
 from fedvlp.errors import FedvlpError
 from fedvlp.platform.sampling import cohort_size
+from fedvlp.platform.sweep import VARIANT_KEY
 
 METHOD_KEY = "method.name"
 KEY_LABELS = {"federation.heterogeneity": "heterogeneity t", "federation.participation": "participation rate ρ",
@@ -126,7 +127,8 @@ def collect(client, experiment_id: str, parent_id: str, metrics: list[str], swep
     for run in runs:
         tags, params = run.data.tags, run.data.params
         row = {"run_id": run.info.run_id, "status": run.info.status,
-               "method": tags.get("method") or params.get(METHOD_KEY, "?"),
+               # a named variant (e.g. fed_inter, a setting of fedprime) is reported as a method of its own
+               "method": tags.get(f"swept.{VARIANT_KEY}") or tags.get("method") or params.get(METHOD_KEY, "?"),
                "seed": tags.get("seed") or params.get("seed") or run.info.run_id,
                "swept": {k: _value(tags.get(f"swept.{k}", params.get(k))) for k in swept_keys},
                "stopped_early": tags.get("stopped_early", "").lower() == "true",
@@ -150,6 +152,11 @@ def collect(client, experiment_id: str, parent_id: str, metrics: list[str], swep
             row["epsilon"] = spent[max(spent)] if spent else math.nan
         rows.append(row)
     return rows
+
+
+def _swept_keys(tags: dict) -> list[str]:
+    """The swept keys a table has columns for: not the method, nor the variant (a variant is a method's row)."""
+    return [k for k in tags.get("swept_keys", "").split(",") if k and k not in (METHOD_KEY, VARIANT_KEY)]
 
 
 def counted(rows: list[Row], metric: str) -> list[Row]:
@@ -407,7 +414,7 @@ def make_report(tracking_uri: str, experiment: str, out_dir: str | Path, metric:
     client = MlflowClient(tracking_uri=tracking_uri)
     experiment_id, parent = find_sweep(client, experiment, tracking_uri)
     tags = parent.data.tags
-    swept = [k for k in tags.get("swept_keys", "").split(",") if k and k != METHOD_KEY]
+    swept = _swept_keys(tags)
     metric = metric or tags.get("metric") or "val_mAP"
     reference = reference or tags.get("reference")
     score = test_metric_of(metric)
@@ -516,7 +523,7 @@ def log_sweep_summary(tracking_uri: str, experiment: str) -> None:
     client = MlflowClient(tracking_uri=tracking_uri)
     experiment_id, parent = find_sweep(client, experiment, tracking_uri)
     tags = parent.data.tags
-    swept = [k for k in tags.get("swept_keys", "").split(",") if k and k != METHOD_KEY]
+    swept = _swept_keys(tags)
     metric = tags.get("metric") or "val_mAP"
     reported = list(dict.fromkeys([metric, test_metric_of(metric)]))
     rows = collect(client, experiment_id, parent.info.run_id, reported, swept)
