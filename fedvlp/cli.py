@@ -205,18 +205,26 @@ def _tracking_source(configured: str | None) -> str:
     return "$MLFLOW_TRACKING_URI" if os.environ.get("MLFLOW_TRACKING_URI") else "the default tracking store"
 
 
-def _dashboard(uri: str, experiment: str, run_id: str | None = None) -> None:
-    """The two lines that open this run (or this experiment's runs) in MLflow's UI."""
+def _dashboard(uri: str, experiment: str, run_id: str | None = None, metric: str | None = None) -> None:
+    """The lines that open this run, or this experiment's runs, in MLflow's UI. For an experiment with a
+    headline `metric`, fedvlp's saved views are stored first and linked: the runs by that metric, and the
+    trials grouped by method (mean and range per round in the chart view)."""
     from mlflow import MlflowClient
 
-    from fedvlp.platform.tracking import ui_command, ui_link
+    from fedvlp.platform.tracking import save_ui_views, ui_command, ui_link
 
+    client = MlflowClient(tracking_uri=uri)
     try:
-        found = MlflowClient(tracking_uri=uri).get_experiment_by_name(experiment)
+        found = client.get_experiment_by_name(experiment)
     except Exception:
         found = None
     print(f"open the dashboard:  {ui_command(uri)}")
-    if found is not None:
+    if found is None:
+        return
+    if run_id is None and metric and save_ui_views(client, found.experiment_id, metric):
+        print(f"then browse to:      {ui_link(found.experiment_id, metric=metric)}")
+        print(f"grouped by method:   {ui_link(found.experiment_id, metric=metric, grouped=True)}")
+    else:
         print(f"then browse to:      {ui_link(found.experiment_id, run_id)}")
 
 
@@ -250,7 +258,7 @@ def _sweep(args) -> None:
         _report(args)
     else:
         print(f"tables and plots:  fedvlp report {sweep.experiment}")
-        _dashboard(sweep.base["tracking"]["uri"], sweep.experiment)
+        _dashboard(sweep.base["tracking"]["uri"], sweep.experiment, metric=sweep.metric)
 
 
 def _tune(args) -> None:
@@ -276,7 +284,16 @@ def _report(args) -> None:
                         reference=args.reference)
     for name, path in files.items():
         print(f"{name:>24}: {path}")
-    _dashboard(uri, args.experiment)
+    _dashboard(uri, args.experiment, metric=args.metric or _selection_metric(uri, args.experiment))
+
+
+def _selection_metric(uri: str, experiment: str) -> str:
+    """The metric a sweep selected on (its parent run's tag)."""
+    from mlflow import MlflowClient
+
+    from fedvlp.platform.report import find_sweep
+
+    return find_sweep(MlflowClient(tracking_uri=uri), experiment, uri)[1].data.tags.get("metric") or "val_mAP"
 
 
 def _data(args) -> None:

@@ -51,8 +51,23 @@ def ray_cluster():
         ray.shutdown()
 
 
+@pytest.fixture(scope="session")
+def empty_store(tmp_path_factory) -> Path:
+    """An MLflow sqlite store with its tables made, once per test process: a new store runs MLflow's schema
+    migrations (4-5 s on 2 cores), a copy of this one opens in about 0.15 s."""
+    from mlflow import MlflowClient
+
+    path = tmp_path_factory.mktemp("store") / "mlflow.db"
+    MlflowClient(tracking_uri=f"sqlite:///{path}").search_experiments()
+    return path
+
+
 @pytest.fixture
-def tracking_uri(tmp_path):
+def tracking_uri(tmp_path, empty_store):
+    """A fresh, empty MLflow store for one test (a copy of `empty_store`, at tmp_path/mlflow.db)."""
+    import shutil
+
+    shutil.copy(empty_store, tmp_path / "mlflow.db")
     return f"sqlite:///{tmp_path / 'mlflow.db'}"
 
 

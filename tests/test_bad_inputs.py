@@ -244,16 +244,6 @@ def tracking_uri(tmp: Path) -> str:
     return f"sqlite:///{tmp / 'mlflow.db'}"
 
 
-@pytest.fixture(scope="module")
-def empty_store(tmp_path_factory) -> Path:
-    """An MLflow sqlite store with its tables made: copied into each case, it saves each one the migrations."""
-    from mlflow import MlflowClient
-
-    path = tmp_path_factory.mktemp("store") / "mlflow.db"
-    MlflowClient(tracking_uri=f"sqlite:///{path}").search_experiments()
-    return path
-
-
 def ray_processes(ray_dir: str) -> list[psutil.Process]:
     """Live processes of the Ray cluster whose temp dir is `ray_dir` (raylet, gcs_server, workers ...)."""
     found = []

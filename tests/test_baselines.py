@@ -140,7 +140,7 @@ def test_state_split_and_server_rules(world):
     keys = lambda state: set(state)  # noqa: E731
     dual = build(world, "dualcoop")
     assert keys(dual.global_state()) == {"ctx_pos", "ctx_neg"} and not dual.local_state()
-    assert dual.ctx_pos.shape == (4, world["backbone"].token_width)
+    assert dual.ctx_pos.shape == (dual.params.n_ctx, world["backbone"].token_width) and dual.params.n_ctx == 16
     assert dual.rule_of("ctx_pos") == "fedavg"
     assert build(world, "dualcoop", aggregation="mean").rule_of("ctx_neg") == "mean"
 

@@ -37,6 +37,50 @@ def test_a_snapshot_restores_the_states_of_its_round(tmp_path):
     assert [p.name for p in tmp_path.glob("*.safetensors")] == ["client1-round1.safetensors"]
 
 
+def test_a_checkpointed_store_round_trips_every_state_bitwise(tmp_path):
+    """The snapshot stacks states per layout: through torch.save and a weights_only load, every client gets its
+    exact bits back (mixed layouts, dtypes, 0-d tensors, NaN and -0.0), spilled clients their file, and clients
+    that never stored a state still have none."""
+    def odd_state(cid: int) -> dict:
+        if cid % 3 == 0:  # a second layout: other keys, dtypes and shapes
+            return {"scale": torch.tensor(-0.0 if cid == 0 else cid / 7, dtype=torch.float64),
+                    "ids": torch.arange(cid, cid + 3), "half": torch.full((2, 2), cid / 3, dtype=torch.bfloat16)}
+        prompt = torch.randn(4, 8, generator=torch.Generator().manual_seed(cid))
+        prompt[0, 0] = float("nan") if cid == 1 else prompt[0, 0]
+        return {"prompt": prompt}
+
+    store = ClientStateStore(tmp_path, budget_bytes=2048)
+    stored = {cid: odd_state(cid) for cid in range(40) if cid % 5 != 4}  # clients 4, 9, ... never store a state
+    for cid, s in stored.items():
+        store.put(cid, {k: t.clone() for k, t in s.items()}, round_index=1 + cid % 2)
+    assert store.in_memory and store.on_disk  # some held in memory, the rest spilled past the budget
+    torch.save({"clients": store.snapshot()}, tmp_path / "checkpoint.pt")
+    restored = ClientStateStore(tmp_path, 2048, torch.load(tmp_path / "checkpoint.pt", weights_only=True)["clients"])
+
+    def bits(t: torch.Tensor) -> bytes:
+        return t.reshape(-1).contiguous().view(torch.uint8).numpy().tobytes()
+
+    assert restored.in_memory.keys() == store.in_memory.keys() and restored.on_disk == store.on_disk
+    assert restored.memory_bytes == store.memory_bytes
+    for cid in range(40):
+        got = restored.get(cid)
+        if cid not in stored:
+            assert got is None
+            continue
+        assert sorted(got) == sorted(stored[cid])  # (a spilled file lists its keys sorted)
+        for key, want in stored[cid].items():
+            assert got[key].dtype == want.dtype and got[key].shape == want.shape and bits(got[key]) == bits(want)
+    # each restored tensor owns its storage: Ray would otherwise ship the whole stack with one client's state
+    assert all(t.untyped_storage().nbytes() == t.numel() * t.element_size()
+               for s in restored.in_memory.values() for t in s.values())
+
+
+def test_an_empty_store_round_trips(tmp_path):
+    snapshot = ClientStateStore(tmp_path, 0).snapshot()
+    restored = ClientStateStore(tmp_path, 0, snapshot)
+    assert restored.in_memory == {} and restored.on_disk == {} and restored.get(0) is None
+
+
 @pytest.mark.usefixtures("tiny_clip")
 def test_spilled_client_states_give_the_same_run(ray_cluster, tracking_uri, tmp_path):
     """FedOTP keeps a local prompt per client: all in memory, or all spilled to disk, the run is the same."""

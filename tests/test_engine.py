@@ -81,18 +81,20 @@ def test_every_registered_method_runs_a_round_through_the_engine(method, ray_clu
         assert _steps(client, run.info.run_id, f"{split}_{headline}") == [0, 1]
     assert _steps(client, run.info.run_id, f"personal_{headline}") == [0, 1]
     start = torch.load(run.data.tags["checkpoint"], weights_only=True)
-    global_bytes = state_nbytes(result.final_state)
-    assert run.data.metrics["bytes_up"] == 2 * global_bytes and start["round"] == 1
+    assert start["round"] == 1
+    from fedvlp.backbones import load_backbone
+    from fedvlp.data import load_dataset
+    from fedvlp.methods.base import Task
+    from fedvlp.platform.worker import build_method
+
+    dataset = load_dataset(spec)
+    initial = build_method(spec, load_backbone(spec), Task(dataset.class_names, dataset.multilabel)).global_state()
+    # both clients got the initial global state and sent back the same parameters (FED-PRIME's server may then
+    # resize its inter pool, so the final state is not the measure)
+    assert run.data.metrics["bytes_down"] == run.data.metrics["bytes_up"] == 2 * state_nbytes(initial)
     if method == "zeroshot":
         assert result.final == result.initial  # nothing to train
     else:
-        from fedvlp.backbones import load_backbone
-        from fedvlp.data import load_dataset
-        from fedvlp.methods.base import Task
-        from fedvlp.platform.worker import build_method
-
-        dataset = load_dataset(spec)
-        initial = build_method(spec, load_backbone(spec), Task(dataset.class_names, dataset.multilabel)).global_state()
         assert any(not torch.equal(initial[k], result.final_state[k]) for k in initial)  # the round trained
 
 

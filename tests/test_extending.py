@@ -44,11 +44,11 @@ def folder_csv_tree(root: Path, seed: int = 0) -> Path:
 
 
 @pytest.mark.usefixtures("tiny_clip", "examples_on_path")
-def test_all_four_example_plugins_in_one_fedvlp_run_on_ray(ray_cluster, tmp_path, capsys, monkeypatch):
+def test_all_four_example_plugins_in_one_fedvlp_run_on_ray(ray_cluster, tmp_path, capsys, monkeypatch, tracking_uri):
     from fedvlp.cli import main
 
     root = folder_csv_tree(tmp_path / "colours")
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = tracking_uri
     config = tmp_path / "plugins.yaml"
     config.write_text(yaml.safe_dump({
         "plugins": ["fedvlp_examples"], "seed": 0,
@@ -79,8 +79,8 @@ def test_all_four_example_plugins_in_one_fedvlp_run_on_ray(ray_cluster, tmp_path
 
 
 @pytest.mark.usefixtures("tiny_clip")
-def test_the_example_method_runs_through_a_two_trial_sweep(tmp_path):
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+def test_the_example_method_runs_through_a_two_trial_sweep(tmp_path, tracking_uri):
+    uri = tracking_uri
     space = tmp_path / "prox.yaml"
     space.write_text(yaml.safe_dump({
         "base": "quickstart", "name": "prox", "storage": str(tmp_path / "ray_results"), "seeds": [0],

@@ -17,6 +17,7 @@ from conftest import CLI_TIMEOUT_S, small_run
 from mlflow import MlflowClient
 
 from fedvlp.errors import RoundFailedError
+from fedvlp.platform.client_states import ClientStateStore
 from fedvlp.platform.clock import VirtualClock
 from fedvlp.platform.engine import run_federated
 
@@ -184,7 +185,7 @@ def _ray_processes(session_root) -> list:
 def test_a_killed_fedotp_driver_resumes_bitwise_in_the_same_mlflow_run(tmp_path, tracking_uri):
     """FedOTP keeps a local prompt per client: kill -9 after round 2, --resume, and the run ends bitwise equal
     to an uninterrupted one, client states and all."""
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = tracking_uri
     env = {**os.environ, "MLFLOW_TRACKING_URI": uri, "PYTHONUNBUFFERED": "1"}
     overrides = ["method.name=fedotp", "data.num_train=600", "data.num_val=128", "data.num_test=128",
                  "data.num_holdout=100", "federation.clients=4", "federation.rounds=3",
@@ -212,7 +213,8 @@ def test_a_killed_fedotp_driver_resumes_bitwise_in_the_same_mlflow_run(tmp_path,
     assert resumed_state["final"] == whole_state["final"]
     for part in ("global",):
         assert all(torch.equal(resumed_state[part][k], whole_state[part][k]) for k in whole_state[part])
-    mine, theirs = resumed_state["clients"]["in_memory"], whole_state["clients"]["in_memory"]
+    mine, theirs = (ClientStateStore(tmp_path / "none", 0, state["clients"]).in_memory
+                    for state in (resumed_state, whole_state))
     assert sorted(mine) == sorted(theirs) and len(mine) >= 2  # the local prompts of every client that trained
     assert all(torch.equal(mine[c]["local_ctx"], theirs[c]["local_ctx"]) for c in mine)
     history = {m.step: m.value for m in client.get_metric_history(killed.info.run_id, "val_mAP")}
@@ -221,8 +223,8 @@ def test_a_killed_fedotp_driver_resumes_bitwise_in_the_same_mlflow_run(tmp_path,
 
 
 @pytest.mark.usefixtures("tiny_clip")
-def test_ctrl_c_ends_the_run_killed_and_leaves_no_ray_behind(tmp_path):
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+def test_ctrl_c_ends_the_run_killed_and_leaves_no_ray_behind(tmp_path, tracking_uri):
+    uri = tracking_uri
     ray_tmp = Path(tempfile.mkdtemp(prefix="ray", dir="/tmp"))  # Ray's socket paths must stay short
     env = {**os.environ, "MLFLOW_TRACKING_URI": uri, "PYTHONUNBUFFERED": "1", "RAY_TMPDIR": str(ray_tmp)}
     proc = _fedvlp(tmp_path, env, "run", "--set", "federation.rounds=20", "--set", "data.num_train=600",

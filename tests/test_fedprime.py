@@ -176,7 +176,8 @@ def test_federated_fedprime_logs_the_six_evaluation_sets(tiny_vilt, ray_cluster,
 
     spec = load_spec("fedprime_recipes", [
         "data.num_train=600", "data.num_val=256", "data.num_test=256", "data.num_holdout=100", "federation.clients=4",
-        "federation.rounds=3", "federation.partition=iid", "resources.workers=2", "method.local_epochs=6",
+        "federation.rounds=3", "federation.eval_every=1", "federation.partition=iid", "resources.workers=2",
+        "method.local_epochs=6",
         f"tracking.uri={tracking_uri}", f"output_dir={tmp_path}"])
     result = run_federated(spec, progress=False)
     sets = ("full", "miss_image", "miss_text", "miss_both", "image_only", "text_only")

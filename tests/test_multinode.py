@@ -296,7 +296,7 @@ def test_the_fake_cluster_has_the_node_types_of_cluster_yaml():
 
 
 @pytest.mark.usefixtures("tiny_clip")
-def test_ray_up_autoscales_gpu_workers_for_a_sweep(tmp_path):
+def test_ray_up_autoscales_gpu_workers_for_a_sweep(tmp_path, tracking_uri):
     import ray
     from mlflow import MlflowClient
 
@@ -321,7 +321,7 @@ def test_ray_up_autoscales_gpu_workers_for_a_sweep(tmp_path):
                "TMPDIR": ray_tmp,  # `ray up` caches the prepared config and the bootstrap file in the temp dir
                "PYTHONPATH": os.pathsep.join(filter(None, [str(Path(__file__).parent), os.environ.get("PYTHONPATH")]))}
 
-        uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+        uri = tracking_uri
         space = tmp_path / "fake_cluster.yaml"
         space.write_text(yaml.safe_dump({
             "base": "quickstart", "name": "fake_cluster", "storage": str(tmp_path / "tune"),

@@ -11,7 +11,8 @@ from packaging.requirements import Requirement
 
 REPO = Path(__file__).resolve().parent.parent
 PROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
-LOCAL = {"fedvlp", "conftest", "fedvlp_test_plugin", "fedvlp_examples", "test_readers", "test_clustering", "_common"}
+LOCAL = {"fedvlp", "conftest", "fedvlp_test_plugin", "fedvlp_examples", "test_readers", "test_clustering",
+         "test_faults", "_common"}
 
 
 def _names(requirements) -> set[str]:

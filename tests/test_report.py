@@ -219,3 +219,31 @@ def test_named_variants_are_reported_as_methods_with_paired_differences(tracking
     assert float(rows["fed_inter"]["diff"]) == pytest.approx(0.53 - 0.41)
     assert float(rows["fed_inter"]["diff_ci95"]) == pytest.approx(T2 * abs(0.10 - 0.14) / 2)
     assert rows["fedavg_p"]["diff"] == ""
+
+
+def test_report_links_fedvlp_saved_views_of_the_sweep(sweep, tracking_uri, tmp_path, capsys, monkeypatch):
+    """`fedvlp report` stores the two saved views (runs by the metric; grouped by method with per-round charts)
+    and prints links that open them in the model-training workflow; an existing view is never overwritten."""
+    import json
+    from urllib.parse import parse_qs, urlsplit
+
+    from fedvlp import cli
+
+    client, parent = sweep
+    exp_id = client.get_experiment_by_name("sweep-heterogeneity").experiment_id
+    cli.main(["report", "sweep-heterogeneity", "--tracking-uri", tracking_uri, "--out", str(tmp_path / "r")])
+    lines = capsys.readouterr().out.splitlines()
+    links = {line.split(":", 1)[0]: line.split(":", 1)[1].strip() for line in lines
+             if line.startswith(("then browse to", "grouped by method"))}
+    assert set(links) == {"then browse to", "grouped by method"}
+    runs, grouped = (parse_qs(urlsplit(links[k]).fragment.partition("?")[2]) for k in links)
+    assert runs == {"viewStateShareKey": ["fedvlp.val_mAP"], "workflowType": ["machine_learning"]}
+    assert grouped["viewStateShareKey"] == ["fedvlp.val_mAP.by-method"] and grouped["compareRunsMode"] == ["CHART"]
+    tags = client.get_experiment(exp_id).tags
+    view = json.loads(json.loads(tags["mlflow.sharedViewState.fedvlp.val_mAP.by-method"])["state"])
+    assert view["groupBy"]["groupByKeys"] == [{"mode": "tag", "groupByData": "method"}]
+    assert view["orderByKey"] == "metrics.`val_mAP`" and "metrics.`test_mAP`" in view["selectedColumns"]
+    assert [c["metricKey"] for c in view["compareRunCharts"]] == ["val_mAP", "test_mAP", "personal_mAP", "train_loss"]
+    client.set_experiment_tag(exp_id, "mlflow.sharedViewState.fedvlp.val_mAP", "edited in the UI")
+    cli.main(["report", "sweep-heterogeneity", "--tracking-uri", tracking_uri, "--out", str(tmp_path / "r")])
+    assert client.get_experiment(exp_id).tags["mlflow.sharedViewState.fedvlp.val_mAP"] == "edited in the UI"

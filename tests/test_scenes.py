@@ -24,7 +24,7 @@ from fedvlp.data.scenes import (
 )
 
 N = 2000
-_OBJECT = re.compile(r"a (%s) (%s)" % ("|".join(COLOURS), "|".join(SHAPES)))
+_OBJECT = re.compile(r"a ({}) ({})".format("|".join(COLOURS), "|".join(SHAPES)))
 
 
 @pytest.fixture(scope="module")

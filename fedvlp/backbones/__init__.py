@@ -1,35 +1,58 @@
-"""Frozen backbones: one loader per family, the same path for fedvlp's tiny models and real ones."""
+"""Frozen backbones: one loader per family, the same path for fedvlp's tiny models and real ones.
+
+Each family's module is imported only where that family is used: open_clip costs a process about 1.5 CPU
+seconds to import and transformers' ViLT about 0.7, and every run starts several processes.
+"""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
-from fedvlp.backbones.clip import TINY_CLIP, ClipBackbone, create_clip
-from fedvlp.backbones.vilt import TINY_VILT, ViltBackbone, create_vilt, is_vilt_directory
 from fedvlp.seeding import torch_seed
+
+if TYPE_CHECKING:
+    from fedvlp.backbones.clip import ClipBackbone
+    from fedvlp.backbones.vilt import ViltBackbone
 
 
 def backbone_family(name: str) -> str:
     """'vilt' for tiny-vilt, any name containing 'vilt' (dandelin/vilt-b32-mlm) and a local
     directory holding a ViLT config.json; 'clip' otherwise (open_clip names)."""
-    if name == TINY_VILT or "vilt" in name.lower() or is_vilt_directory(name):
+    if "vilt" in name.lower():
         return "vilt"
+    if Path(name).expanduser().is_dir():
+        from fedvlp.backbones.vilt import is_vilt_directory
+
+        if is_vilt_directory(name):
+            return "vilt"
     return "clip"
 
 
 def _fedvlp_pretrained(spec) -> bool:
-    return spec.backbone.name in (TINY_CLIP, TINY_VILT) and spec.backbone.pretrained == "fedvlp"
+    """A tiny backbone with fedvlp's own weights (tiny-clip or tiny-vilt)."""
+    if spec.backbone.pretrained != "fedvlp":
+        return False
+    if backbone_family(spec.backbone.name) == "vilt":
+        from fedvlp.backbones.vilt import TINY_VILT as tiny
+    else:
+        from fedvlp.backbones.clip import TINY_CLIP as tiny
+    return spec.backbone.name == tiny
 
 
 def prepare_backbone(spec, progress: bool = True) -> None:
     """Make sure the weights a run needs are on this machine (pretraining tiny-clip or tiny-vilt once if needed)."""
     if not _fedvlp_pretrained(spec):
         return
-    from fedvlp.backbones.pretrain_clip import ensure_tiny_clip
-    from fedvlp.backbones.pretrain_vilt import ensure_tiny_vilt
+    if backbone_family(spec.backbone.name) == "vilt":
+        from fedvlp.backbones.pretrain_vilt import ensure_tiny_vilt
 
-    (ensure_tiny_vilt if spec.backbone.name == TINY_VILT else ensure_tiny_clip)(progress=progress)
+        ensure_tiny_vilt(progress=progress)
+    else:
+        from fedvlp.backbones.pretrain_clip import ensure_tiny_clip
+
+        ensure_tiny_clip(progress=progress)
 
 
 def _vilt_source(name: str, pretrained: str) -> str:
@@ -47,11 +70,13 @@ def backbone_id(spec) -> str:
     """Names the exact frozen weights, for keying cached features."""
     name, pretrained = spec.backbone.name, spec.backbone.pretrained
     if _fedvlp_pretrained(spec):
-        from fedvlp.backbones.pretrain_clip import TinyClipRecipe
-        from fedvlp.backbones.pretrain_vilt import TinyViltRecipe
+        if backbone_family(name) == "vilt":
+            from fedvlp.backbones.pretrain_vilt import TinyViltRecipe
 
-        recipe = TinyViltRecipe() if name == TINY_VILT else TinyClipRecipe()
-        return f"{name}:fedvlp:{recipe.key()}"
+            return f"{name}:fedvlp:{TinyViltRecipe().key()}"
+        from fedvlp.backbones.pretrain_clip import TinyClipRecipe
+
+        return f"{name}:fedvlp:{TinyClipRecipe().key()}"
     if pretrained in ("none", ""):
         return f"{name}:random:{spec.seed}"
     if backbone_family(name) == "vilt":
@@ -64,6 +89,8 @@ def backbone_id(spec) -> str:
 
 def load_clip(spec, device: str | torch.device = "cpu") -> ClipBackbone:
     """The frozen CLIP a run spec names: `backbone.name` + `backbone.pretrained`."""
+    from fedvlp.backbones.clip import TINY_CLIP, ClipBackbone, create_clip
+
     name, pretrained = spec.backbone.name, spec.backbone.pretrained
     if name == TINY_CLIP and pretrained == "fedvlp":
         from fedvlp.backbones.pretrain_clip import ensure_tiny_clip, load_tiny_clip_state
@@ -90,6 +117,8 @@ def load_vilt(spec, device: str | torch.device = "cpu") -> ViltBackbone:
       model's size (384). Offline without the weights: a one-line `BackboneError` that says how
       to provide them.
     """
+    from fedvlp.backbones.vilt import TINY_VILT, create_vilt
+
     name, pretrained = spec.backbone.name, spec.backbone.pretrained
     if name == TINY_VILT and pretrained == "fedvlp":
         from fedvlp.backbones.pretrain_vilt import ensure_tiny_vilt, load_tiny_vilt_state

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import open_clip
@@ -50,12 +51,16 @@ def create_clip(name: str, pretrained: str | None = None) -> torch.nn.Module:
 class ClipBackbone(torch.nn.Module):
     """A frozen open_clip model plus the encoders the prompt-tuning methods share."""
 
-    def __init__(self, model: torch.nn.Module, name: str):
+    mean: torch.Tensor
+    std: torch.Tensor
+
+    def __init__(self, model: Any, name: str):
         super().__init__()
-        self.model = model.eval().requires_grad_(False)
+        # open_clip's CLIP and CustomTextCLIP share no typed interface (visual, transformer, token_embedding, ...)
+        self.model: Any = model.eval().requires_grad_(False)
         self.name = name
         self.tokenizer = open_clip.get_tokenizer(name)
-        cfg = model.visual.preprocess_cfg
+        cfg: dict = self.model.visual.preprocess_cfg
         self.image_size = tuple(cfg["size"]) if isinstance(cfg["size"], (tuple, list)) else (cfg["size"],) * 2
         self.register_buffer("mean", torch.tensor(cfg["mean"]).view(1, 3, 1, 1), persistent=False)
         self.register_buffer("std", torch.tensor(cfg["std"]).view(1, 3, 1, 1), persistent=False)

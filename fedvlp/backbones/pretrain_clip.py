@@ -9,7 +9,7 @@ import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import numpy as np
 import open_clip
@@ -51,7 +51,7 @@ def pretrain_tiny_clip(recipe: TinyClipRecipe = TinyClipRecipe(), progress: bool
     """Train the tiny CLIP from scratch; returns {'path', 'zero_shot_map_untrained', 'zero_shot_map', 'seconds'}."""
     start = time.perf_counter()
     torch.manual_seed(torch_seed(recipe.seed, "pretrain", 0))  # open_clip initialises from the global RNG
-    model = create_clip(TINY_CLIP)
+    model: Any = create_clip(TINY_CLIP)  # an open_clip CLIP: untyped attributes
     backbone = ClipBackbone(model, TINY_CLIP)
     pool = generate_scenes(recipe.pool_size, "pretrain", recipe.seed)
     test = generate_scenes(recipe.eval_size, "test", recipe.seed)

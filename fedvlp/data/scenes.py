@@ -1,4 +1,4 @@
-"""The ``synthetic-scenes`` multi-label dataset (DESIGN §5).
+"""The ``synthetic-scenes`` multi-label dataset.
 
 32x32 RGB images of 1-3 coloured glyphs, 20 classes = 5 shapes x 4 colours. Class ``c`` is
 colour ``c // 5`` and shape ``c % 5`` (colour-major: "red circle", "red square", ...,

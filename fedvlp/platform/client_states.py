@@ -5,9 +5,15 @@ in one process: past `resources.client_state_memory_mb`, states go to safetensor
 the run's output directory. A spilled file is named by client and round, so the checkpoint of a
 round (which records the index client -> round) stays valid while the next round writes new
 files; a superseded file is removed one round later, once a newer checkpoint exists.
+
+A snapshot stacks the in-memory states per layout (the same keys, shapes and dtypes): one tensor per key
+over all the clients that share it. Ten thousand 2 KB states then cross from the coordinator to the
+driver and into the checkpoint as a few large tensors, which costs milliseconds, where ten thousand
+small dicts of tensors cost seconds (pickling and one archive record per tensor).
 """
 from __future__ import annotations
 
+from collections import defaultdict
 from pathlib import Path
 
 import torch
@@ -21,8 +27,8 @@ def _nbytes(state: dict[str, torch.Tensor]) -> int:
 class ClientStateStore:
     def __init__(self, spill_dir: str | Path, budget_bytes: int, snapshot: dict | None = None):
         self.spill_dir, self.budget_bytes = Path(spill_dir), budget_bytes
-        self.in_memory: dict[int, dict] = dict(snapshot["in_memory"]) if snapshot else {}
-        self.on_disk: dict[int, int] = dict(snapshot["on_disk"]) if snapshot else {}  # client -> round of its file
+        self.in_memory: dict[int, dict] = _unstack(snapshot["stacked"]) if snapshot else {}
+        self.on_disk: dict[int, int] = dict(snapshot["on_disk"].tolist()) if snapshot else {}  # client -> file's round
         self.memory_bytes = sum(_nbytes(s) for s in self.in_memory.values())
         self._superseded: list[tuple[int, Path]] = []  # (round superseded, file)
         if snapshot:  # files a crashed round wrote after this checkpoint, or not yet removed
@@ -60,5 +66,19 @@ class ClientStateStore:
         self.on_disk[client_id] = round_index
 
     def snapshot(self) -> dict:
-        """What a checkpoint keeps: the states in memory and the index of the spilled ones."""
-        return {"in_memory": dict(self.in_memory), "on_disk": dict(self.on_disk)}
+        """What a checkpoint keeps: the states in memory, stacked per layout, and the index of the spilled ones
+        ([n, 2]: client, round of its file). `ClientStateStore(..., snapshot=...)` restores them exactly."""
+        by_layout: dict[tuple, list[int]] = defaultdict(list)
+        for cid in sorted(self.in_memory):
+            by_layout[tuple((k, v.shape, v.dtype) for k, v in self.in_memory[cid].items())].append(cid)
+        stacked = [{"clients": torch.tensor(cids, dtype=torch.int64),
+                    "states": {key: torch.stack([self.in_memory[c][key] for c in cids]) for key, _, _ in layout}}
+                   for layout, cids in by_layout.items()]
+        on_disk = torch.tensor(sorted(self.on_disk.items()), dtype=torch.int64).reshape(-1, 2)
+        return {"stacked": stacked, "on_disk": on_disk}
+
+
+def _unstack(stacked: list[dict]) -> dict[int, dict]:
+    """Each client's own tensors back (clones: a view would carry the whole stack wherever Ray sends it)."""
+    return {cid: {key: t[row].clone() for key, t in group["states"].items()}
+            for group in stacked for row, cid in enumerate(group["clients"].tolist())}

@@ -23,22 +23,26 @@ from fedvlp.seeding import torch_generator
 
 @ray.remote(max_restarts=0)
 class Coordinator:
-    def __init__(self, seed: int, num_clients: int, participation: float,
-                 initial_state: dict[str, torch.Tensor], rules: dict[str, str], rule_options: dict,
-                 client_store: tuple[str, int], checkpoint: dict | None = None, plugins: tuple[str, ...] = (),
-                 privacy: dict | None = None):
+    """Started with the workers, so its process starts while they load the backbone; `begin` then hands it the
+    global state to start from and the server rules, which a worker's freshly built method gives."""
+
+    def __init__(self, seed: int, num_clients: int, participation: float, client_store: tuple[str, int],
+                 checkpoint: dict | None = None, plugins: tuple[str, ...] = ()):
         from fedvlp.plugins import load_plugins
 
         load_plugins(plugins)  # a plugin's server rule must be registered in this process too
         self.seed, self.num_clients, self.participation = seed, num_clients, participation
-        self.rules = rules  # parameter name -> server rule (global parameters only)
-        self.rule_options = rule_options  # rule name -> its options dataclass
-        self.privacy = privacy or {"clip_norm": None, "noise_multiplier": None, "secure": False, "weighting": "samples"}
-        self.state = checkpoint["global"] if checkpoint else initial_state
         self.rule_states: dict[str, dict] = checkpoint.get("rule_states", {}) if checkpoint else {}
         spill_dir, budget_bytes = client_store
         self.client_states = ClientStateStore(spill_dir, budget_bytes, checkpoint["clients"] if checkpoint else None)
         self.round = checkpoint["round"] if checkpoint else 0
+
+    def begin(self, state: dict[str, torch.Tensor], rules: dict[str, str], rule_options: dict,
+              privacy: dict | None = None) -> None:
+        self.state = state  # the global state: the method's initial one, or a resumed checkpoint's
+        self.rules = rules  # parameter name -> server rule (global parameters only)
+        self.rule_options = rule_options  # rule name -> its options dataclass
+        self.privacy = privacy or {"clip_norm": None, "noise_multiplier": None, "secure": False, "weighting": "samples"}
 
     def sample_cohort(self, round_index: int) -> list[int]:
         return sample_cohort(self.seed, round_index, self.num_clients, self.participation)
@@ -60,6 +64,7 @@ class Coordinator:
         if not updates or sum(sizes) == 0:
             raise RuntimeError(f"round {round_index}: no client update carries data")
         states, average = self._private_inputs(round_index, cohort, updates)
+        broadcast_bytes = state_nbytes(self.state)  # what each client of the round was sent
         new_state, diagnostics = {}, {}
         by_rule: dict[str, list[str]] = {}
         for key, rule_name in self.rules.items():
@@ -89,7 +94,7 @@ class Coordinator:
             "stats": {name: sum(u.stats[name] * u.num_samples for u in updates if name in u.stats)
                       / max(1, sum(u.num_samples for u in updates if name in u.stats)) for name in stat_names},
             "bytes_up": sum(u.nbytes_up for u in updates),
-            "bytes_down": len(updates) * state_nbytes(self.state),
+            "bytes_down": len(updates) * broadcast_bytes,
             "server": diagnostics,  # what the server rules report about the round (e.g. the clustering's)
             "timings": [(u.client_id, u.worker, u.started, u.finished) for u in updates],
         }

@@ -2,8 +2,9 @@
 
 It reads like the flow of a round (docs/architecture.md, "The round flow"):
 
-    prepare (backbone weights, dataset, partition, initial state)   -- all bad input fails here
-    place the Coordinator and P ClientWorkers                       -- or fail within the timeout
+    prepare (dataset, partition, backbone weights)                   -- all bad input fails here
+    place the Coordinator and P ClientWorkers (MLflow opens meanwhile) -- or fail within the timeout
+    the workers build the method: its initial state goes to the coordinator
     for round r: cohort -> broadcast global state -> local updates -> aggregate -> evaluate -> log
 
 Every evaluation scores the global model on val (what selection reads) and test, and each client's
@@ -24,21 +25,18 @@ import ray
 from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from fedvlp.backbones import backbone_id, load_backbone, prepare_backbone
-from fedvlp.backbones.clip import FEATURE_CHUNK
+from fedvlp.backbones import backbone_id, prepare_backbone
 from fedvlp.data import FederatedData, Split, prepare_data
 from fedvlp.data.feature_cache import FeatureCache, array_digest, feature_key
 from fedvlp.errors import ConfigError, FedvlpError, ResourceError, RoundFailedError
 from fedvlp.methods import METHODS
 from fedvlp.methods.base import Task
-from fedvlp.platform.aggregation import LOCAL, RULES, state_nbytes
+from fedvlp.platform.aggregation import state_nbytes
 from fedvlp.platform.clock import VirtualClock
 from fedvlp.platform.coordinator import Coordinator
 from fedvlp.platform.metrics import cooccurring_pairs, multilabel_metrics, single_label_metrics
 from fedvlp.platform.pool import WorkerPool, wait_all
 from fedvlp.platform.tracking import RunTracker
-from fedvlp.platform.worker import build_method
-from fedvlp.spec import build_dataclass
 
 
 @dataclass
@@ -51,25 +49,6 @@ class RunResult:
     workers: list[dict] = field(default_factory=list)
     final_state: dict | None = None
     feature_cache: dict = field(default_factory=dict)
-
-
-def server_rules(method, spec) -> tuple[dict[str, str], dict]:
-    """(parameter name -> server rule, rule name -> options) of a built method under the spec: the method's
-    own rules with `server.rules` overriding them per prefix (the longest prefix wins), and each used rule's
-    options from the method (`server_options`) overridden by `server.options`."""
-    prefixes = {**method.server_rules, **spec.server.rules}
-    rules = {}
-    for key in method.state_dict():
-        rule = prefixes[max((p for p in prefixes if key.startswith(p)), key=len)]
-        if rule != LOCAL:
-            rules[key] = rule
-    options = {}
-    for name in sorted(set(rules.values())):
-        rule = RULES.get(name)
-        if rule.options is not None:
-            raw = {**method.server_options().get(name, {}), **spec.server.options.get(name, {})}
-            options[name] = build_dataclass(rule.options, raw, f"server.options.{name}.")
-    return rules, options
 
 
 def run_federated(spec, *, progress: bool = True, on_round=None, tags: dict | None = None,
@@ -89,7 +68,7 @@ def run_federated(spec, *, progress: bool = True, on_round=None, tags: dict | No
         startup[f"startup_{name}_seconds"] = now - since
         return now
 
-    # 1. Everything that depends only on the inputs, before any cluster work.
+    # 1. Everything that depends only on the inputs, before any cluster work: bad input fails here.
     if not ray.is_initialized() and not os.environ.get("RAY_ADDRESS"):  # the local Ray will get this machine
         import torch
 
@@ -99,43 +78,42 @@ def run_federated(spec, *, progress: bool = True, on_round=None, tags: dict | No
     if METHODS[spec.method.name].feature_kind == "embeddings" and data.train_missing is None:
         raise ConfigError(f"data.name: {spec.method.name} needs image+text data (synthetic-recipes, food101, mmimdb); "
                           f"{data.dataset.name} has no text")
-    tic = phase("data", tic)
-    prepare_backbone(spec, progress=progress)
     task = Task(data.dataset.class_names, multilabel=data.dataset.multilabel)
-    method = build_method(spec, load_backbone(spec), task)
-    initial_state = method.global_state()
-    rules, rule_options = server_rules(method, spec)
-    trainable_params = sum(p.numel() for p in method.parameters() if p.requires_grad)
-    del method
+    tic = phase("data", tic)
+    prepare_backbone(spec, progress=progress)  # its weights on this machine (a tiny one pretrained once)
     tic = phase("backbone", tic)
-    privacy = _privacy(spec, rules)
-
-    tracker = RunTracker(spec, tags=tags, run_id=resume["run_id"] if resume else None)
-    tic = phase("mlflow", tic)
-    clock = _virtual_clock(spec, data, initial_state, resume)
-    run_dir = Path(spec.output_dir).resolve() / tracker.run_id  # checkpoint and spilled client states
+    privacy = _privacy(spec)
     cooccurring = cooccurring_pairs(data.dataset.train.labels) if task.multilabel else None
     history: list[dict] = []
     started_ray = False
     placement, bundle_offset = None, 0
-    coordinator = pool = None
+    coordinator = pool = tracker = None
+    opening = _open_tracker(spec, tags, resume, startup)  # the MLflow run opens while Ray starts
     try:
-        # 2. Place the coordinator and the worker pool; give the workers their clients' data.
+        # 2. Start Ray and the actors: the workers load the backbone and build the method, the coordinator starts
+        # beside them; then the coordinator gets the method's initial state and the workers their clients' data.
         from fedvlp.plugins import actor_runtime_env
 
         started_ray = ensure_ray(spec.plugins)
         placement, bundle_offset = _reserve(spec)
         tic = phase("ray", tic)
+        tracker = opening.result()
+        run_dir = Path(spec.output_dir).resolve() / tracker.run_id  # checkpoint and spilled client states
         plugin_env = actor_runtime_env(spec.plugins)
+        pool = WorkerPool(spec, task, placement, bundle_offset, name=f"fedvlp-{tracker.run_id}", runtime_env=plugin_env)
         coordinator = Coordinator.options(  # type: ignore[attr-defined]  # a Ray actor class
             num_cpus=spec.resources.coordinator_cpus, name=f"fedvlp-{tracker.run_id}-coordinator",
             runtime_env=plugin_env,
             scheduling_strategy=PlacementGroupSchedulingStrategy(placement, placement_group_bundle_index=bundle_offset),
-        ).remote(spec.seed, spec.federation.clients, spec.federation.participation, initial_state, rules,
-                 rule_options, (str(run_dir / "client_states"), int(spec.resources.client_state_memory_mb * 2**20)),
-                 resume, tuple(spec.plugins), privacy)
-        pool = WorkerPool(spec, task, placement, bundle_offset, name=f"fedvlp-{tracker.run_id}", runtime_env=plugin_env)
+        ).remote(spec.seed, spec.federation.clients, spec.federation.participation,
+                 (str(run_dir / "client_states"), int(spec.resources.client_state_memory_mb * 2**20)),
+                 resume, tuple(spec.plugins))
         worker_info = pool.ready()
+        method = ray.get(pool.actors[0].initial_method.remote())
+        privacy["weighting"] = _weighting(privacy, method["rules"])
+        ray.get(coordinator.begin.remote(resume["global"] if resume else method["state"], method["rules"],
+                                         method["rule_options"], privacy))
+        clock = _virtual_clock(spec, data, method["state"], resume)
         tic = phase("actors", tic)
         cache_status = _attach_data(spec, data, pool, worker_info[0], say)
         tic = phase("features", tic)
@@ -154,8 +132,8 @@ def run_federated(spec, *, progress: bool = True, on_round=None, tags: dict | No
         else:
             first_round = 1
             initial = final = evaluate()
-            tracker.log_metrics(0, {"startup_seconds": time.perf_counter() - started, **startup,
-                                    "trainable_params": trainable_params, **initial, **_privacy_metrics(privacy, 0)})
+            tracker.log_metrics(0, {"startup_seconds": time.perf_counter() - started, **startup, **initial,
+                                    "trainable_params": method["trainable_params"], **_privacy_metrics(privacy, 0)})
             say(f"round 0/{spec.federation.rounds}  " + _headline(initial) + "  (before training)")
         for round_index in range(first_round, spec.federation.rounds + 1):
             tic = time.perf_counter()
@@ -181,20 +159,20 @@ def run_federated(spec, *, progress: bool = True, on_round=None, tags: dict | No
         tracker.end("FINISHED")
         return RunResult(tracker.run_id, tracker.uri, final, initial, history, worker_info, final_state, cache_status)
     except KeyboardInterrupt:
-        tracker.end("KILLED")
+        _end_run(tracker or _opened(opening), "KILLED")
         raise
     except SystemExit as exc:
         if exc.code not in (0, None):
-            tracker.end("FAILED")
+            _end_run(tracker or _opened(opening), "FAILED")
             raise
         # Tune stops a trial (ASHA) with sys.exit(0) inside its report: a finished run, maybe cut short
-        if not history or history[-1]["round"] < spec.federation.rounds:
+        if tracker is not None and (not history or history[-1]["round"] < spec.federation.rounds):
             tracker.set_tags({"stopped_early": "true"})
-        tracker.end("FINISHED")
+        _end_run(tracker or _opened(opening), "FINISHED")
         raise
     except BaseException as exc:
-        tracker.set_tags({"error": f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:5000]})
-        tracker.end("FAILED")
+        error = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:5000]
+        _end_run(tracker or _opened(opening), "FAILED", {"error": error})
         raise
     finally:
         if pool is not None:
@@ -205,6 +183,38 @@ def run_federated(spec, *, progress: bool = True, on_round=None, tags: dict | No
             remove_placement_group(placement)
         if started_ray:
             ray.shutdown()
+
+
+def _open_tracker(spec, tags: dict | None, resume: dict | None, startup: dict[str, float]):
+    """A future of the run's RunTracker, opened in a thread: MLflow's import and store take about a second,
+    while starting Ray mostly waits on other processes."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def open_run() -> RunTracker:
+        tic = time.perf_counter()
+        tracker = RunTracker(spec, tags=tags, run_id=resume["run_id"] if resume else None)
+        startup["startup_mlflow_seconds"] = time.perf_counter() - tic
+        return tracker
+
+    executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="fedvlp-mlflow")
+    opening = executor.submit(open_run)
+    executor.shutdown(wait=False)  # the submitted call still runs to its end
+    return opening
+
+
+def _opened(opening) -> RunTracker | None:
+    """The tracker once its run is open; None if opening it failed (that error is the one raised)."""
+    try:
+        return opening.result()
+    except Exception:
+        return None
+
+
+def _end_run(tracker: RunTracker | None, status: str, tags: dict | None = None) -> None:
+    if tracker is not None:
+        if tags:
+            tracker.set_tags(tags)
+        tracker.end(status)
 
 
 def _train_round(spec, round_index: int, coordinator, pool: WorkerPool, clock: VirtualClock | None,
@@ -298,11 +308,10 @@ def _collect_updates(spec, round_index: int, cohort: list[int], coordinator, poo
     return [arrived[cid] for cid in sorted(arrived)], failures, late, replaced
 
 
-def _privacy(spec, rules: dict[str, str]) -> dict:
+def _privacy(spec) -> dict:
     """What the coordinator and workers need of `privacy.*`: the clip norm, the noise multiplier (computed from
-    target_epsilon for the run's rounds and cohorts; that takes a few seconds), secure aggregation and the weights
-    of its masked sum (uniform under DP), and what the per-round epsilon is computed from."""
-    from fedvlp.platform.aggregation import RULES
+    target_epsilon for the run's rounds and cohorts; that takes a few seconds), secure aggregation, and what the
+    per-round epsilon is computed from. The weights of the masked sum come with the method (`_weighting`)."""
     from fedvlp.platform.sampling import cohort_size
 
     p, fed = spec.privacy, spec.federation
@@ -315,10 +324,17 @@ def _privacy(spec, rules: dict[str, str]) -> dict:
             sigma = noise_for_epsilon(p.target_epsilon, fed.clients, cohort, fed.rounds, p.delta)
         except ValueError as exc:
             raise ConfigError(f"privacy.target_epsilon: {exc}") from None
-    weighting = "uniform" if sigma is not None else min({RULES.get(r).weighting for r in rules.values()},
-                                                          default="samples")
     return {"clip_norm": p.clip_norm if sigma is not None else None, "noise_multiplier": sigma,
-            "secure": p.secure_aggregation, "weighting": weighting, "accounting": (fed.clients, cohort, p.delta)}
+            "secure": p.secure_aggregation, "accounting": (fed.clients, cohort, p.delta)}
+
+
+def _weighting(privacy: dict, rules: dict[str, str]) -> str:
+    """The weights of secure aggregation's masked sum: uniform under DP, else the method's rules' own."""
+    from fedvlp.platform.aggregation import RULES
+
+    if privacy["noise_multiplier"] is not None:
+        return "uniform"
+    return min({RULES.get(r).weighting for r in rules.values()}, default="samples")
 
 
 def _privacy_metrics(privacy: dict, round_index: int) -> dict[str, float]:
@@ -479,6 +495,8 @@ def _frozen_features(spec, data, workers: list, worker: dict, say) -> tuple[dict
         features = cache.get(key) if cache is not None else None
         status[f"feature_cache.{name}"] = "off" if cache is None else ("hit" if features is not None else "miss")
         if features is None:
+            from fedvlp.backbones.clip import FEATURE_CHUNK
+
             source = ray.put((split.images, split.texts, table))
             chunks = [(s, min(s + FEATURE_CHUNK, len(split))) for s in range(0, len(split), FEATURE_CHUNK)]
             refs = [w.encode.remote(source, chunks[i :: len(workers)]) for i, w in enumerate(workers)]

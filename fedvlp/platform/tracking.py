@@ -93,10 +93,80 @@ def ui_command(uri: str) -> str:
     return f"mlflow ui --backend-store-uri {uri} --host {UI_HOST} --port {UI_PORT}"
 
 
-def ui_link(experiment_id: str, run_id: str | None = None) -> str:
-    """The UI's link to a run, or to an experiment's runs."""
-    base = f"http://{UI_HOST}:{UI_PORT}/#/experiments/{experiment_id}/runs"
-    return f"{base}/{run_id}" if run_id else base
+def ui_link(experiment_id: str, run_id: str | None = None, *, metric: str | None = None,
+            grouped: bool = False, port: int = UI_PORT) -> str:
+    """The UI's link to a run, or to an experiment's runs, in the UI's "Model training" workflow.
+
+    MLflow 3.17's UI picks the workflow from the link (`workflowType`) or from what this browser chose
+    last, not from the experiment's `mlflow.experimentKind` tag: a bare experiment link opens a fresh
+    browser on the GenAI "Overview" of traces. With `metric`, the experiment link opens fedvlp's saved
+    view of its runs (method and `metric` as columns, best first; `grouped`: the trials grouped by
+    method, charts of the metric per round as mean and min-max band per method), which must have been
+    stored in the experiment first by `save_ui_views(..., metric)`: a saved view the experiment lacks
+    sends the UI to the GenAI overview.
+    """
+    from urllib.parse import urlencode
+
+    base = f"http://{UI_HOST}:{port}/#/experiments/{experiment_id}/runs"
+    query: dict[str, str] = {}
+    if run_id:
+        base = f"{base}/{run_id}"
+    elif metric:
+        query["viewStateShareKey"] = f"fedvlp.{metric}{'.by-method' if grouped else ''}"
+        if grouped:
+            query["compareRunsMode"] = "CHART"
+    query["workflowType"] = "machine_learning"
+    return f"{base}?{urlencode(query)}"
+
+
+def save_ui_views(store, experiment_id: str, metric: str = "val_mAP") -> bool:
+    """Store fedvlp's two saved views of an experiment's runs in MLflow's UI (experiment tags
+    `mlflow.sharedViewState.<key>`, listed under "Views" on the runs page), for `ui_link(..., metric=metric)`:
+
+    - `fedvlp.<metric>` "fedvlp: runs by <metric>": columns method, `metric` and its test and personal
+      counterparts, sorted by `metric`, best first;
+    - `fedvlp.<metric>.by-method` "fedvlp: by method, <metric>": the same, grouped by the method tag; its
+      chart view draws the metric (and its counterparts and train_loss) per round as each method's mean
+      over its runs with the min-max range as a band.
+
+    `store` is an MlflowClient or a tracking URI. A view already stored is left as it is (a user may have
+    edited it in the UI). True when both views are there, False (never an exception) when the store failed.
+    """
+    from mlflow import MlflowClient
+
+    split, _, key = metric.partition("_")
+    twins = [f"{s}_{key}" for s in ("val", "test", "personal")] if split in ("val", "test", "personal") else [metric]
+    columns = ["tags.`method`", *(f"metrics.`{m}`" for m in twins)]
+    table = {"selectedColumns": columns, "orderByKey": f"metrics.`{metric}`", "orderByAsc": False,
+             "columnOrder": ["attributes.`Run Name`", "runDateAndNestInfo", "duration", *columns],  # widths need it
+             "columnWidths": {"attributes.`Run Name`": 270, **{c: 140 for c in columns[1:]}}}
+    plotted = [*twins, "train_loss"]  # in this order, one line chart each, by round
+    section = {"uuid": "fedvlp-metrics", "name": "Model metrics", "display": True, "isReordered": False,
+               "deleted": False, "isGenerated": True}
+    line = {"type": "LINE", "metricSectionId": section["uuid"], "runsCountToCompare": 10, "deleted": False,
+            "isGenerated": True, "xAxisKey": "step", "yAxisKey": "metric", "scaleType": "linear",
+            "xAxisScaleType": "linear", "lineSmoothness": 0, "selectedXAxisMetricKey": "", "yAxisExpressions": [],
+            "ignoreOutliers": False, "useGlobalXaxisKey": True, "useGlobalLineSmoothing": True, "range": {}}
+    charts = [{**line, "uuid": f"fedvlp-{m}", "metricKey": m, "displayName": m} for m in plotted]
+    views = {
+        f"fedvlp.{metric}": (f"fedvlp: runs by {metric}", table),
+        f"fedvlp.{metric}.by-method": (f"fedvlp: by method, {metric}", {
+            **table,
+            "groupBy": {"aggregateFunction": "average", "groupByKeys": [{"mode": "tag", "groupByData": "method"}]},
+            "useGroupedValuesInCharts": True, "runsHiddenMode": "SHOW_ALL", "compareRunCharts": charts,
+            "compareRunSections": [section], "chartsSearchFilter": "^(" + "|".join(plotted) + ")$"}),
+    }
+    try:
+        client = store if isinstance(store, MlflowClient) else MlflowClient(tracking_uri=store)
+        present = client.get_experiment(experiment_id).tags
+        now = int(time.time() * 1000)
+        for view, (name, state) in views.items():
+            if f"mlflow.sharedViewState.{view}" not in present:
+                envelope = {"name": name, "createdAt": now, "updatedAt": now, "state": json.dumps(state)}
+                client.set_experiment_tag(experiment_id, f"mlflow.sharedViewState.{view}", json.dumps(envelope))
+        return True
+    except Exception:
+        return False
 
 
 class RunTracker:

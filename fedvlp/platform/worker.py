@@ -29,6 +29,28 @@ def build_method(spec, backbone, task: Task):
     return METHODS[spec.method.name](spec.method.params, backbone, task, generator)
 
 
+def server_rules(method, spec) -> tuple[dict[str, str], dict]:
+    """(parameter name -> server rule, rule name -> options) of a built method under the spec: the method's
+    own rules with `server.rules` overriding them per prefix (the longest prefix wins), and each used rule's
+    options from the method (`server_options`) overridden by `server.options`."""
+    from fedvlp.platform.aggregation import LOCAL, RULES
+    from fedvlp.spec import build_dataclass
+
+    prefixes = {**method.server_rules, **spec.server.rules}
+    rules = {}
+    for key in method.state_dict():
+        rule = prefixes[max((p for p in prefixes if key.startswith(p)), key=len)]
+        if rule != LOCAL:
+            rules[key] = rule
+    options = {}
+    for name in sorted(set(rules.values())):
+        rule = RULES.get(name)
+        if rule.options is not None:
+            raw = {**method.server_options().get(name, {}), **spec.server.options.get(name, {})}
+            options[name] = build_dataclass(rule.options, raw, f"server.options.{name}.")
+    return rules, options
+
+
 @ray.remote(max_restarts=0)
 class ClientWorker:
     def __init__(self, spec, index: int, task: Task):
@@ -50,6 +72,13 @@ class ClientWorker:
         return {"index": self.index, "pid": os.getpid(), "node_id": ray.get_runtime_context().get_node_id(),
                 "gpu_ids": [str(g) for g in ray.get_gpu_ids()], "device": str(self.device),
                 "transform": self.backbone.transform_id, "feature_kind": self.method.feature_kind}
+
+    def initial_method(self) -> dict:
+        """What the driver and the coordinator need of the method, from this worker's copy before any training:
+        its initial global state, its server rules and their options, its number of trainable parameters."""
+        rules, options = server_rules(self.method, self.spec)
+        return {"state": _to(self.method.global_state(), "cpu"), "rules": rules, "rule_options": options,
+                "trainable_params": sum(p.numel() for p in self.method.parameters() if p.requires_grad)}
 
     def encode(self, source: tuple, ranges: list[tuple[int, int]]) -> list[tuple[int, np.ndarray]]:
         """Frozen features (float16) of the sample ranges this worker was given.
