@@ -11,7 +11,6 @@ features); image+text methods (missing-modality tables) are not wired in.
 """
 from __future__ import annotations
 
-import itertools
 import json
 import os
 import platform
@@ -31,10 +30,10 @@ from fedvlp.data import prepare_data
 from fedvlp.data.feature_cache import FeatureCache, feature_key
 from fedvlp.methods.base import ClientData, Task
 from fedvlp.platform import engine, tracking
-from fedvlp.platform.aggregation import AGGREGATORS
+from fedvlp.platform.aggregation import RuleInputs, apply_rule
 from fedvlp.platform.metrics import multilabel_metrics, single_label_metrics
 from fedvlp.platform.sampling import sample_cohort
-from fedvlp.platform.worker import build_method
+from fedvlp.platform.worker import build_method, server_rules
 from fedvlp.seeding import torch_generator
 
 REPO = Path(__file__).resolve().parent.parent
@@ -242,16 +241,22 @@ def test_metrics(method, state: dict, test_inputs, labels: np.ndarray, task: Tas
     return multilabel_metrics(logits, labels) if task.multilabel else single_label_metrics(logits, labels)
 
 
-def aggregate(rules: dict[str, str], options: dict, seed: int, round_index: int, updates: list[dict]) -> dict:
-    """The coordinator's server step: each rule's keys combined over the updates in sorted client-id order."""
+def aggregate(rules: dict[str, str], options: dict, rule_states: dict, seed: int, round_index: int,
+              previous: dict, updates: list[dict]) -> dict:
+    """The coordinator's server step: each rule's keys combined over the updates in sorted client-id order
+    (`rule_states` carries a stateful rule's moments from round to round)."""
     updates = sorted(updates, key=lambda u: u["client_id"])
     sizes = [u["num_samples"] for u in updates]
+    by_rule: dict[str, list[str]] = {}
+    for key, rule in rules.items():
+        by_rule.setdefault(rule, []).append(key)
     state = {}
-    for rule, keys in itertools.groupby(sorted(rules, key=rules.get), key=rules.get):
-        keys = list(keys)
-        state.update(AGGREGATORS[rule]([{k: u["global"][k] for k in keys} for u in updates], sizes,
-                                       generator=torch_generator(seed, "aggregate", round_index),
-                                       **options.get(rule, {})))
+    for rule, keys in sorted(by_rule.items()):
+        inputs = RuleInputs([{k: u["global"][k] for k in keys} for u in updates], sizes,
+                            {k: previous[k] for k in keys}, rule_states.get(rule, {}),
+                            torch_generator(seed, "aggregate", round_index), options.get(rule))
+        params, rule_states[rule], _ = apply_rule(rule, inputs)
+        state.update(params)
     return state
 
 
@@ -291,8 +296,8 @@ def _bare_loop(spec, on_round) -> BareResult:
                for cid, idx in enumerate(data.parts)}
     test_inputs = as_inputs(method, frozen_features(spec, data, backbone, kind, "test"))
     state = method.global_state()
-    rules = {key: method.rule_of(key) for key in state}
-    options = method.server_options()
+    rules, options = server_rules(method, spec)
+    rule_states: dict[str, dict] = {}
     client_states: dict[int, dict] = {}
     initial = test_metrics(method, state, test_inputs, data.test_labels, task)
     result = BareResult(initial, initial, time.perf_counter() - started)
@@ -305,7 +310,7 @@ def _bare_loop(spec, on_round) -> BareResult:
             stats = method.local_update(clients[cid], torch_generator(spec.seed, "client", round_index, cid))
             updates.append({"client_id": cid, "num_samples": len(clients[cid]), "global": method.global_state(),
                             "local": method.local_state(), **stats})
-        state = aggregate(rules, options, spec.seed, round_index, updates)
+        state = aggregate(rules, options, rule_states, spec.seed, round_index, state, updates)
         client_states.update({u["client_id"]: u["local"] for u in updates if u["local"]})
         if round_index % fed.eval_every == 0 or round_index == fed.rounds:
             result.final = test_metrics(method, state, test_inputs, data.test_labels, task)

@@ -21,6 +21,16 @@ os.environ.pop("FEDVLP_PLUGINS", None)
 CLI_TIMEOUT_S = 300  # well below pytest's per-test timeout (pyproject), so a test's own cleanup always runs
 
 
+# Whole sweeps and tuning runs first, so the two test processes end together instead of one waiting on them.
+HEAVY_FIRST = ("test_sweep.py::", "test_extending.py::test_the_example_method_runs_through_a_two_trial_sweep",
+               "test_faults.py::test_a_killed_fedotp_driver", "test_engine.py::test_eight_workers",
+               "test_fedprime.py::test_federated_fedprime_logs")
+
+
+def pytest_collection_modifyitems(items):
+    items.sort(key=lambda item: not any(part in item.nodeid for part in HEAVY_FIRST))
+
+
 @pytest.fixture(scope="session")
 def tiny_clip():
     """The path of the tiny CLIP pretrained by `fedvlp pretrain tiny-clip` (once per machine)."""

@@ -222,6 +222,7 @@ def test_a_killed_fedotp_driver_resumes_bitwise_in_the_same_mlflow_run(tmp_path,
     assert sorted(history) == [0, 1, 2, 3]
 
 
+@pytest.mark.slow
 @pytest.mark.usefixtures("tiny_clip")
 def test_ctrl_c_ends_the_run_killed_and_leaves_no_ray_behind(tmp_path, tracking_uri):
     uri = tracking_uri

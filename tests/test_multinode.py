@@ -295,6 +295,7 @@ def test_the_fake_cluster_has_the_node_types_of_cluster_yaml():
     validate_config(prepare_config(copy.deepcopy(config)))  # what `ray up` does first
 
 
+@pytest.mark.slow
 @pytest.mark.usefixtures("tiny_clip")
 def test_ray_up_autoscales_gpu_workers_for_a_sweep(tmp_path, tracking_uri):
     import ray

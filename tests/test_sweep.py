@@ -115,6 +115,7 @@ def test_sweep_runs_trials_as_nested_mlflow_runs_and_reports(tmp_path, tracking_
             "zeroshot/test_mAP_mean"} <= set(summary)
 
 
+@pytest.mark.slow
 @pytest.mark.usefixtures("tiny_clip")
 def test_killed_sweep_resumes_with_one_run_per_trial(tmp_path, ray_cluster, tracking_uri):
     uri = tracking_uri

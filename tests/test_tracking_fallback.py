@@ -64,6 +64,7 @@ def metrics_of(step: int) -> dict[str, float]:
     return {"train_loss": 1.0 / (step + 1), "test_mAP": 0.1 * step}
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_run_goes_on_when_the_server_dies(tmp_path, monkeypatch, capsys):
     # Fail fast once the server is gone (MLflow's default retries would stall this test for minutes).
