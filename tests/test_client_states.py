@@ -81,6 +81,7 @@ def test_an_empty_store_round_trips(tmp_path):
     assert restored.in_memory == {} and restored.on_disk == {} and restored.get(0) is None
 
 
+@pytest.mark.slow
 @pytest.mark.usefixtures("tiny_clip")
 def test_spilled_client_states_give_the_same_run(ray_cluster, tracking_uri, tmp_path):
     """FedOTP keeps a local prompt per client: all in memory, or all spilled to disk, the run is the same."""

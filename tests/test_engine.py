@@ -158,6 +158,7 @@ def test_same_seed_same_metrics_with_one_or_two_workers(ray_cluster, tracking_ur
     assert [h["train_loss"] for h in one.history] == [h["train_loss"] for h in two.history]
 
 
+@pytest.mark.slow
 @pytest.mark.usefixtures("tiny_clip")
 def test_eight_workers_share_four_gpus_and_run_concurrently(ray_cluster, tracking_uri, tmp_path):
     spec = small_run(tracking_uri, tmp_path, "resources.workers=8", "resources.num_gpus=0.5",
@@ -209,6 +210,7 @@ def test_a_round_that_hangs_times_out_loudly(ray_cluster, tracking_uri, tmp_path
     assert _only_run(tracking_uri)[1].info.status == "FAILED"
 
 
+@pytest.mark.slow
 @pytest.mark.usefixtures("tiny_clip")
 def test_second_run_hits_the_feature_cache_with_identical_results(ray_cluster, tracking_uri, tmp_path, monkeypatch):
     monkeypatch.setenv("FEDVLP_FEATURE_CACHE", str(tmp_path / "features"))

@@ -78,6 +78,7 @@ def test_all_four_example_plugins_in_one_fedvlp_run_on_ray(ray_cluster, tmp_path
     assert all(len(f) <= 2 for f in firsts) and len(set().union(*firsts)) >= 3
 
 
+@pytest.mark.slow
 @pytest.mark.usefixtures("tiny_clip")
 def test_the_example_method_runs_through_a_two_trial_sweep(tmp_path, tracking_uri):
     uri = tracking_uri
@@ -101,6 +102,7 @@ def test_the_example_method_runs_through_a_two_trial_sweep(tmp_path, tracking_ur
     assert drift["10.0"] < drift["0.01"]  # a strong proximal term keeps the clients near the global state
 
 
+@pytest.mark.slow
 @pytest.mark.usefixtures("tiny_clip")
 def test_a_server_optimiser_resumes_bitwise(ray_cluster, tracking_uri, tmp_path):
     """FedAdam's moments live in the checkpoint: 2 rounds, then resume to 3, equals 3 rounds straight."""

@@ -44,6 +44,7 @@ def _run(tracking_uri, run_id):
     return MlflowClient(tracking_uri).get_run(run_id)
 
 
+@pytest.mark.slow
 def test_a_worker_killed_mid_round_is_replaced_and_the_retried_run_matches_a_fault_free_one(
         ray_cluster, tracking_uri, tmp_path, capfd):
     spec = small_run(tracking_uri, tmp_path, *FOUR_CLIENTS, "federation.on_client_failure=retry")
@@ -74,6 +75,7 @@ def test_a_client_that_raises_is_dropped_and_its_cause_logged(ray_cluster, track
     assert expected in capfd.readouterr().err
 
 
+@pytest.mark.slow
 def test_a_crashed_worker_process_is_replaced_and_its_clients_move_to_the_replacement(
         ray_cluster, tracking_uri, tmp_path):
     spec = small_run(tracking_uri, tmp_path, *FOUR_CLIENTS, "federation.rounds=3")
@@ -95,6 +97,7 @@ def test_a_round_below_min_clients_fails_loudly_and_the_run_is_marked_failed(ray
     assert run.info.status == "FAILED" and "min_clients_per_round" in run.data.tags["error"]
 
 
+@pytest.mark.slow
 def test_updates_after_the_wall_clock_deadline_are_left_out(ray_cluster, tracking_uri, tmp_path):
     spec = small_run(tracking_uri, tmp_path, *FOUR_CLIENTS, "federation.round_deadline_s=3")
     # client 0 stalls 6 s in round 2; client 2 waits behind it on worker 0: both miss the deadline
@@ -105,6 +108,7 @@ def test_updates_after_the_wall_clock_deadline_are_left_out(ray_cluster, trackin
     assert _run(tracking_uri, result.run_id).data.metrics["late_clients"] == 2
 
 
+@pytest.mark.slow
 def test_a_hung_worker_is_replaced_and_the_run_goes_on(ray_cluster, tracking_uri, tmp_path, capfd):
     spec = small_run(tracking_uri, tmp_path, "federation.participation=1.0", "method.local_epochs=1",
                      "resources.round_timeout_s=8", "federation.rounds=3")
@@ -134,6 +138,7 @@ def test_the_virtual_clock_by_hand():
     assert spread.client_seconds(7) == pytest.approx(2.0 / speeds[7])
 
 
+@pytest.mark.slow
 def test_the_virtual_clock_leaves_out_slow_devices_reproducibly(ray_cluster, tracking_uri, tmp_path):
     spec = small_run(tracking_uri, tmp_path, *FOUR_CLIENTS, "federation.virtual_clock.enabled=true",
                      "federation.virtual_clock.speed_spread=1.0", "federation.round_deadline_s=6")
@@ -181,6 +186,7 @@ def _ray_processes(session_root) -> list:
             if any(str(session_root) in c for c in (p.info["cmdline"] or []))]
 
 
+@pytest.mark.slow
 @pytest.mark.usefixtures("ray_cluster", "tiny_clip")
 def test_a_killed_fedotp_driver_resumes_bitwise_in_the_same_mlflow_run(tmp_path, tracking_uri):
     """FedOTP keeps a local prompt per client: kill -9 after round 2, --resume, and the run ends bitwise equal

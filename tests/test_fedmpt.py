@@ -73,6 +73,7 @@ def test_ablation_switches_express_the_rows_of_table_4(world, row, switches, par
     assert logits.shape == (8, 20) and torch.isfinite(logits).all()
 
 
+@pytest.mark.slow
 def test_fedmpt_learns_beyond_its_starting_point_deterministically(world):
     features, labels = world["test"]
     runs = []

@@ -46,6 +46,7 @@ def test_a_target_epsilon_is_met_at_the_last_round(ray_cluster, tracking_uri, tm
     assert result.history[-1]["privacy_epsilon"] == pytest.approx(8.0, rel=0.02)
 
 
+@pytest.mark.slow
 def test_secure_aggregation_gives_fedavg_also_when_a_client_fails_mid_round(ray_cluster, tracking_uri, tmp_path):
     base = (*FAST, "federation.participation=1.0", "federation.rounds=3")
     plain = run_federated(small_run(tracking_uri, tmp_path, *base), progress=False)
@@ -73,6 +74,7 @@ def test_rules_that_see_individual_states_refuse_privacy():
         load_spec(None, ["privacy.noise_multiplier=1", "privacy.target_epsilon=2"])
 
 
+@pytest.mark.slow
 def test_dp_with_secure_aggregation_clips_on_the_clients_and_noises_the_sum(ray_cluster, tracking_uri, tmp_path):
     """Masked updates cannot be clipped by the server: the clients clip before masking; with no noise and no
     effective clipping the result is the uniform mean, and with noise it repeats exactly."""

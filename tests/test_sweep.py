@@ -88,6 +88,7 @@ def _nested_runs(uri: str, experiment: str):
     return client, parents, trials
 
 
+@pytest.mark.slow
 @pytest.mark.usefixtures("tiny_clip")
 def test_sweep_runs_trials_as_nested_mlflow_runs_and_reports(tmp_path, tracking_uri):
     uri = tracking_uri
@@ -157,6 +158,7 @@ def test_killed_sweep_resumes_with_one_run_per_trial(tmp_path, ray_cluster, trac
             assert client.get_run(trial.info.run_id).data.metrics["val_mAP"] == whole.final["val_mAP"]
 
 
+@pytest.mark.slow
 @pytest.mark.usefixtures("tiny_clip")
 def test_asha_stops_weak_trials_on_val_and_leaves_no_run_running(tmp_path, tracking_uri):
     uri = tracking_uri
@@ -173,6 +175,7 @@ def test_asha_stops_weak_trials_on_val_and_leaves_no_run_running(tmp_path, track
     assert any(r == 3 for t, r in rounds.items() if t not in {s.info.run_id for s in stopped})
 
 
+@pytest.mark.slow
 @pytest.mark.usefixtures("tiny_clip")
 def test_tune_searches_the_methods_ranges_on_val_and_writes_a_config_fedvlp_runs(tmp_path, tracking_uri):
     uri = tracking_uri
