@@ -169,6 +169,7 @@ def test_vilt_methods_need_a_vilt_backbone_and_text(tmp_path):
         load_spec(None, ["method.name=fedprime"])
 
 
+@pytest.mark.slow
 def test_federated_fedprime_logs_the_six_evaluation_sets(tiny_vilt, ray_cluster, tracking_uri, tmp_path):
     import mlflow
 
