@@ -2,7 +2,8 @@
 a fedvlp run timed in place), process memory, the frozen features the engine uses, a bare federated
 loop without Ray or MLflow, and the JSON output.
 
-The bare loop (`run_bare`) is the platform's own pieces in one process: `prepare_data`,
+The bare loop (`run_bare`) is the platform's own pieces in one process (or its local updates spread over
+worker processes, fedvlp's parallelism without Ray): `prepare_data`,
 `load_backbone`, `build_method`, the frozen features from fedvlp's on-disk cache (the entry a run
 writes), `sample_cohort`, the per-(round, client) generators, `method.local_update` and the server
 rules of `AGGREGATORS` applied in sorted client-id order, as the coordinator applies them. With the
@@ -12,6 +13,7 @@ features); image+text methods (missing-modality tables) are not wired in.
 from __future__ import annotations
 
 import json
+import multiprocessing
 import os
 import platform
 import tempfile
@@ -36,7 +38,6 @@ from fedvlp.platform.sampling import sample_cohort
 from fedvlp.platform.worker import build_method, server_rules
 from fedvlp.seeding import torch_generator
 
-REPO = Path(__file__).resolve().parent.parent
 RESULTS = Path(__file__).resolve().parent / "results"
 SCRATCH = Path(tempfile.gettempdir()) / "fedvlp-benchmarks"  # MLflow store and checkpoints of benchmark runs
 MiB = 2**20
@@ -49,7 +50,7 @@ def bench_spec(config: str, overrides: list[str]):
     """The spec of `config` with `overrides`, tracked in a scratch sqlite store, never the repo's mlflow.db."""
     SCRATCH.mkdir(parents=True, exist_ok=True)
     scratch = [f"tracking.uri=sqlite:///{SCRATCH / 'mlflow.db'}", f"output_dir={SCRATCH / 'runs'}"]
-    return load_spec(REPO / config, scratch + list(overrides))
+    return load_spec(config, scratch + list(overrides))
 
 
 def machine() -> dict:
@@ -207,6 +208,21 @@ def process_federated_data(spec):
     return _PROCESS_DATA[key]
 
 
+_PROCESS_CLIENTS: dict = {}
+
+
+def process_clients(spec):
+    """(method, every client's ClientData) built once per process from fedvlp's feature cache: what a Flower
+    actor keeps between messages when it follows Flower's advice to cache the model and data in the actor."""
+    key = repr(spec)
+    if key not in _PROCESS_CLIENTS:
+        data = process_federated_data(spec)
+        backbone = load_backbone(spec)
+        method = build_method(spec, backbone, Task(data.dataset.class_names, data.dataset.multilabel))
+        _PROCESS_CLIENTS[key] = method, _client_data(spec, data, method, backbone)
+    return _PROCESS_CLIENTS[key]
+
+
 # ---------------------------------------------------------------- frozen features
 
 def frozen_features(spec, data, backbone, kind: str, split: str) -> np.ndarray:
@@ -271,18 +287,60 @@ class BareResult:
     total_seconds: float = 0.0
 
 
-def run_bare(spec, threads: int = 1, on_round=None) -> BareResult:
-    """`spec`'s federated run in this process, with no Ray, no MLflow and no checkpoints.
-    `on_round(round)` is called after each round, as `run_federated` calls it."""
+def run_bare(spec, threads: int = 1, on_round=None, processes: int = 1) -> BareResult:
+    """`spec`'s federated run with no Ray, no MLflow and no checkpoints: the cohort's local updates in this
+    process (`processes=1`) or split over that many worker processes (spawned at start-up, each with
+    `threads` torch threads, as fedvlp's workers are). `on_round(round)` is called after each round, as
+    `run_federated` calls it."""
     previous_threads = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        return _bare_loop(spec, on_round or (lambda *_: None))
+        if processes == 1:
+            return _bare_loop(spec, on_round or (lambda *_: None), _local_updates)
+        context = multiprocessing.get_context("spawn")
+        with context.Pool(processes, initializer=_bare_worker_start, initargs=(spec, threads)) as pool:
+            def train(jobs: list) -> list[dict]:
+                shares = [jobs[i::processes] for i in range(processes)]
+                return [u for share in pool.map(_bare_worker_updates, shares) for u in share]
+            return _bare_loop(spec, on_round or (lambda *_: None), train)
     finally:
         torch.set_num_threads(previous_threads)
 
 
-def _bare_loop(spec, on_round) -> BareResult:
+_BARE_WORKER: dict = {}
+
+
+def _client_data(spec, data, method, backbone) -> dict[int, ClientData]:
+    train = frozen_features(spec, data, backbone, method.feature_kind, "train")
+    return {cid: ClientData(as_inputs(method, train[idx]), as_labels(data.train_labels[idx]))
+            for cid, idx in enumerate(data.parts)}
+
+
+def _bare_worker_start(spec, threads: int) -> None:
+    """A worker process of the parallel bare loop: its method and every client's features, held for the run."""
+    torch.set_num_threads(threads)
+    data = prepare_data(spec)
+    backbone = load_backbone(spec)
+    method = build_method(spec, backbone, Task(data.dataset.class_names, data.dataset.multilabel))
+    _BARE_WORKER.update(method=method, clients=_client_data(spec, data, method, backbone))
+
+
+def _bare_worker_updates(jobs: list) -> list[dict]:
+    return _local_updates(jobs, _BARE_WORKER["method"], _BARE_WORKER["clients"])
+
+
+def _local_updates(jobs: list, method, clients: dict[int, ClientData]) -> list[dict]:
+    """Local updates of (seed, round, client id, global state, the client's local state or None) jobs."""
+    updates = []
+    for seed, round_index, cid, state, local in jobs:
+        method.load(state, local)
+        stats = method.local_update(clients[cid], torch_generator(seed, "client", round_index, cid))
+        updates.append({"client_id": cid, "num_samples": len(clients[cid]), "global": method.global_state(),
+                        "local": method.local_state(), **stats})
+    return updates
+
+
+def _bare_loop(spec, on_round, train) -> BareResult:
     started = time.perf_counter()
     fed = spec.federation
     prepare_backbone(spec, progress=False)
@@ -290,11 +348,10 @@ def _bare_loop(spec, on_round) -> BareResult:
     task = Task(data.dataset.class_names, multilabel=data.dataset.multilabel)
     backbone = load_backbone(spec)
     method = build_method(spec, backbone, task)
-    kind = method.feature_kind
-    train = frozen_features(spec, data, backbone, kind, "train")
-    clients = {cid: ClientData(as_inputs(method, train[idx]), as_labels(data.train_labels[idx]))
-               for cid, idx in enumerate(data.parts)}
-    test_inputs = as_inputs(method, frozen_features(spec, data, backbone, kind, "test"))
+    if train is _local_updates:
+        clients = _client_data(spec, data, method, backbone)
+        train = lambda jobs: _local_updates(jobs, method, clients)  # noqa: E731
+    test_inputs = as_inputs(method, frozen_features(spec, data, backbone, method.feature_kind, "test"))
     state = method.global_state()
     rules, options = server_rules(method, spec)
     rule_states: dict[str, dict] = {}
@@ -304,12 +361,8 @@ def _bare_loop(spec, on_round) -> BareResult:
 
     for round_index in range(1, fed.rounds + 1):
         tic = time.perf_counter()
-        updates = []
-        for cid in sample_cohort(spec.seed, round_index, fed.clients, fed.participation):
-            method.load(state, client_states.get(cid))
-            stats = method.local_update(clients[cid], torch_generator(spec.seed, "client", round_index, cid))
-            updates.append({"client_id": cid, "num_samples": len(clients[cid]), "global": method.global_state(),
-                            "local": method.local_state(), **stats})
+        cohort = sample_cohort(spec.seed, round_index, fed.clients, fed.participation)
+        updates = train([(spec.seed, round_index, cid, state, client_states.get(cid)) for cid in cohort])
         state = aggregate(rules, options, rule_states, spec.seed, round_index, state, updates)
         client_states.update({u["client_id"]: u["local"] for u in updates if u["local"]})
         if round_index % fed.eval_every == 0 or round_index == fed.rounds:

@@ -1,6 +1,6 @@
 """Round time of PromptFL with the frozen-feature cache against without it, and the disk cache at start-up.
 
-A round here is the local updates of one cohort: the workload of benchmarks/overhead.py (configs/quickstart.yaml,
+A round here is the local updates of one cohort: the workload of benchmarks/overhead.py (fedvlp/configs/quickstart.yaml,
 50 clients, 10 per round), round 1's cohort, in one process with one torch thread (what a worker uses).
 
   cached   what fedvlp does: `method.local_update` reads the client's frozen image features, encoded once
@@ -133,7 +133,7 @@ def main() -> None:
     overrides = [f"federation.clients={args.clients}", f"federation.participation={args.participation}"]
     if args.backbone != "tiny-clip":
         overrides += [f"backbone.name={args.backbone}", "backbone.pretrained=none"]
-    spec = common.bench_spec("configs/quickstart.yaml", overrides)
+    spec = common.bench_spec("quickstart", overrides)
     prepare_backbone(spec, progress=False)
     figures = {"machine": common.machine(), "method": "promptfl", "torch_threads": 1,
                "local_epochs": spec.method.params.local_epochs, "batch_size": spec.method.params.batch_size}

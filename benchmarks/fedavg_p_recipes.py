@@ -1,6 +1,6 @@
 """Does FedAvg-P learn on synthetic-recipes with the tiny ViLT within a few rounds? An in-process FedAvg, scored on val.
 
-The setting of configs/fedavg_p_recipes.yaml (10 clients, Dirichlet 0.5, eta 0.7 missing both, missing-client
+The setting of fedvlp/configs/fedavg_p_recipes.yaml (10 clients, Dirichlet 0.5, eta 0.7 missing both, missing-client
 skew 0.5, prompt length 4 on 2 layers), with the train split cut to --num-train pairs: every client runs
 `method.local_update` from the global state each round (full participation, per-(round, client)
 generators), FedAvg weighted by data size (`weighted_average`), then the val split, both modalities

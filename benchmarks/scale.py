@@ -1,6 +1,6 @@
 """Seconds per round and memory as the number of virtual clients grows, with a fixed cohort of 10 per round.
 
-fedvlp runs promptfl (configs/quickstart.yaml) on 2 workers with N = 100, 1,000 and 10,000 virtual clients
+fedvlp runs promptfl (fedvlp/configs/quickstart.yaml) on 2 workers with N = 100, 1,000 and 10,000 virtual clients
 and participation 10/N, for 10 rounds. The work of a round is held fixed across N: 20,000 training samples
 for every N (the frozen features are encoded once and shared through fedvlp's disk cache), an iid split
 (the label-skew k-means leaves a third of 10,000 clients empty at 2 samples each), and batch_size 256, so
@@ -20,7 +20,7 @@ RunResult.workers).
 
 Client-local state: the coordinator keeps each client's local state in its ClientStateStore, in memory
 up to resources.client_state_memory_mb and spilled to one file per client past it; every round's
-checkpoint holds the in-memory states and the index of the spilled ones. fedotp (configs/fedotp_scenes.yaml,
+checkpoint holds the in-memory states and the index of the spilled ones. fedotp (fedvlp/configs/fedotp_scenes.yaml,
 a local prompt per client) runs at the largest N: round time, coordinator RSS, what one state weighs.
 Then a ClientStateStore is given a state of that shape for every one of the N clients, as the
 coordinator's is once all have taken part, with the default budget and with budget 0 (all spilled):
@@ -175,7 +175,7 @@ def main() -> None:
     print(f"{'clients':>8}{'start-up s':>12}{'s/round':>9}{'client update s':>17}{'rest s':>8}{'CPU s/round':>13}"
           f"{'driver MiB':>12}{'coord MiB':>11}{'workers MiB':>14}  slowest start-up phases")
     for clients in args.clients:
-        spec = scale_spec("configs/quickstart.yaml", clients, args, ["method.batch_size=256"])
+        spec = scale_spec("quickstart", clients, args, ["method.batch_size=256"])
         run, _ = timed_run(spec)
         run["clients"] = clients
         figures["runs"].append(run)
@@ -198,7 +198,7 @@ def main() -> None:
 
     if not args.no_local_state:
         clients = max(args.clients)
-        local = client_state_footprint(scale_spec("configs/fedotp_scenes.yaml", clients, args, []), clients)
+        local = client_state_footprint(scale_spec("fedotp_scenes", clients, args, []), clients)
         figures["client_local_state"] = local
         run = local["run"]
         print(f"fedotp, {clients} clients: start-up {run['startup_s']:.1f} s, {run['steady_round_s']:.3f} s/round, "

@@ -254,7 +254,7 @@ def _sweep(args) -> None:
         print(f"best {sweep.metric} {best.metrics.get(sweep.metric, float('nan')):.4f} with {best.config}")
     if args.report:
         args.experiment, args.metric, args.out, args.tracking_uri, args.reference = \
-            sweep.experiment, None, None, None, None
+            sweep.experiment, None, None, sweep.base["tracking"]["uri"], None
         _report(args)
     else:
         print(f"tables and plots:  fedvlp report {sweep.experiment}")

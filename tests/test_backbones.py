@@ -40,6 +40,32 @@ def test_the_text_encoder_shortcut_equals_open_clips_encode_text(name):
             assert torch.allclose(ours, theirs, atol=1e-5, rtol=0)
 
 
+@pytest.mark.parametrize("name", ["tiny-clip", "ViT-B-16"])
+def test_prompts_sharing_a_prefix_encode_as_if_each_ran_alone(name):
+    """`encode_prompt_groups` runs a group's shared prefix once; features and gradients must equal running every
+    prompt through `encode_token_embeddings` (randomly initialised towers: no weights needed)."""
+    from fedvlp.backbones.clip import ClipBackbone, create_clip
+
+    torch.manual_seed(0)
+    backbone = ClipBackbone(create_clip(name), name)
+    groups, classes, length, shared, width = 3, 5, 12, 7, backbone.token_width
+    prefix = torch.randn(groups, 1, shared, width) * 0.02
+    rest = torch.randn(groups, classes, length - shared, width) * 0.02
+    eot = torch.randint(shared, length, (groups, classes))
+    results = []
+    for grouped in (True, False):
+        context = torch.nn.Parameter(prefix.clone())
+        embeddings = torch.cat([context.expand(-1, classes, -1, -1), rest], dim=2)
+        features = (backbone.encode_prompt_groups(embeddings, eot, shared) if grouped else
+                    backbone.encode_token_embeddings(embeddings.flatten(0, 1), eot.flatten()).unflatten(0, eot.shape))
+        features.pow(2).sum().backward()
+        results.append((features.detach(), context.grad))
+    (features, grad), (expected, expected_grad) = results
+    assert features.shape == (groups, classes, backbone.embed_dim)
+    assert torch.allclose(features, expected, atol=1e-5, rtol=0)
+    assert torch.allclose(grad, expected_grad, atol=1e-5 * expected_grad.abs().max(), rtol=0)
+
+
 def test_tiny_clip_architecture():
     model = create_clip("tiny-clip")
     assert 7.0e6 < sum(p.numel() for p in model.parameters()) < 8.0e6

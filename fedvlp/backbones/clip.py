@@ -150,8 +150,61 @@ class ClipBackbone(torch.nn.Module):
         x = x + last.ls_2(last.mlp(last.ln_2(x)))
         return model.ln_final(x[:, 0]) @ model.text_projection
 
+    def encode_prompt_groups(self, embeddings: torch.Tensor, eot_index: torch.Tensor, shared: int) -> torch.Tensor:
+        """Text features [G, C, D] of G groups of C prompts [G, C, L, width] whose first `shared` tokens are the
+        same within a group (FedMPT: a condition's prompts all start [SOS][cond ctx][COND][class ctx]).
+
+        The mask is causal, so a token's hidden states never depend on what follows it: each group's shared
+        prefix runs through the encoder once, and only the C continuations run per prompt, attending to the
+        prefix's keys and values. Equals `encode_token_embeddings` on the flattened prompts up to float rounding.
+        """
+        groups, classes, length, width = embeddings.shape
+        model = self.model
+        *blocks, last = model.transformer.resblocks
+        if not 0 < shared <= int(eot_index.min()) or not all(
+                isinstance(b.attn, torch.nn.MultiheadAttention) and b.attn.batch_first for b in (*blocks, last)):
+            flat = self.encode_token_embeddings(embeddings.reshape(groups * classes, length, width),
+                                                eot_index.reshape(-1))
+            return flat.reshape(groups, classes, -1)
+        x = embeddings + model.positional_embedding[:length]
+        prefix = x[:, 0, :shared]  # [G, P, width]
+        rest = x[:, :, shared:].reshape(groups * classes, length - shared, width)  # [G * C, S, width]
+        positions = torch.arange(length, device=x.device)
+        causal = positions[shared:, None] >= positions  # [S, P + S]: a continuation token sees itself and before
+        for block in blocks:
+            rest = _continuation_block(block, prefix, rest, causal)
+            prefix = block(prefix, attn_mask=model.attn_mask[:shared, :shared])
+        # As in encode_token_embeddings, the last block runs for the end-of-text query alone.
+        eot = eot_index.reshape(-1, 1) - shared
+        rest = _continuation_block(last, prefix, rest, causal[eot], queries=eot)
+        return (model.ln_final(rest[:, 0]) @ model.text_projection).reshape(groups, classes, -1)
+
     def encode_texts(self, texts: list[str]) -> torch.Tensor:
         """L2-normalised text embeddings [n, D] for plain strings."""
         tokens = self.tokenize(texts)
         with torch.no_grad():
             return F.normalize(self.encode_token_embeddings(self.embed_tokens(tokens), tokens.argmax(-1)), dim=-1)
+
+
+def _continuation_block(block, prefix: torch.Tensor, rest: torch.Tensor, allowed: torch.Tensor,
+                        queries: torch.Tensor | None = None) -> torch.Tensor:
+    """One open_clip residual block for continuations `rest` [G * C, S, width] of their group's `prefix`
+    [G, P, width], both the block's inputs: keys and values are the prefix's (projected once per group)
+    followed by the continuation's own. `allowed` [S or n, Q, P + S] marks the keys each query sees; with
+    `queries` [n, Q] (positions in the continuation) only those rows are computed."""
+    attn = block.attn
+    heads, width = attn.num_heads, prefix.shape[-1]
+    per_group = rest.shape[0] // prefix.shape[0]
+    weight, bias = attn.in_proj_weight, attn.in_proj_bias
+    rows = torch.arange(rest.shape[0], device=rest.device).unsqueeze(1)
+    inputs = rest if queries is None else rest[rows, queries]
+    query = F.linear(block.ln_1(inputs), weight[:width], bias[:width])
+    keys, values = F.linear(block.ln_1(rest), weight[width:], bias[width:]).chunk(2, dim=-1)
+    prefix_keys, prefix_values = F.linear(block.ln_1(prefix), weight[width:], bias[width:]).chunk(2, dim=-1)
+    keys = torch.cat([prefix_keys.repeat_interleave(per_group, 0), keys], dim=1)
+    values = torch.cat([prefix_values.repeat_interleave(per_group, 0), values], dim=1)
+    split = lambda t: t.unflatten(-1, (heads, -1)).transpose(1, 2)  # noqa: E731  [n, heads, L, head width]
+    attended = F.scaled_dot_product_attention(split(query), split(keys), split(values),
+                                              attn_mask=allowed.unsqueeze(-3) if allowed.dim() == 3 else allowed)
+    x = inputs + block.ls_1(attn.out_proj(attended.transpose(1, 2).flatten(2)))
+    return x + block.ls_2(block.mlp(block.ln_2(x)))

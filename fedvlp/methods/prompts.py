@@ -59,7 +59,8 @@ class ConditionPromptTemplate(torch.nn.Module):
     One prompt per (condition n, class c). The condition-level context is separate for each
     condition; the class-level context is shared by all prompts. The frozen word embeddings
     and the slot positions are laid out once, so `encode` is one gather-and-add and a single
-    text-encoder pass over all N x C prompts. `conditions=()` gives plain class prompts
+    text-encoder pass over all N x C prompts, in which each condition's shared prefix (everything
+    before the class words) is encoded once, not once per class. `conditions=()` gives plain class prompts
     [SOS][class ctx][CLASS][.][EOS] (N = 1), the "no condition prompts" ablation.
     """
 
@@ -100,6 +101,8 @@ class ConditionPromptTemplate(torch.nn.Module):
         self.register_buffer("cls_slot", cls_slot, persistent=False)
         self.register_buffer("eot", eot, persistent=False)
         self.n_cond_ctx, self.n_cls_ctx = n_cond, n_cls_ctx
+        # a condition's prompts are the same up to their class words: the text encoder runs that prefix once
+        self.shared = 1 + n_cond + min(len(g) for g in groups) + n_cls_ctx
 
     @property
     def num_conditions(self) -> int:
@@ -113,9 +116,7 @@ class ConditionPromptTemplate(torch.nn.Module):
         if cond_ctx is not None and self.n_cond_ctx:
             padded = torch.cat([cond_ctx, pad.expand(groups, 1, width)], dim=1)  # [N, Bc + 1, width]
             x = x + torch.gather(padded, 1, self.cond_slot.unsqueeze(-1).expand(-1, -1, width)).unsqueeze(1)
-        features = self.backbone.encode_token_embeddings(x.reshape(groups * classes, length, width),
-                                                         self.eot.reshape(-1))
-        return F.normalize(features, dim=-1).reshape(groups, classes, -1)
+        return F.normalize(self.backbone.encode_prompt_groups(x, self.eot, self.shared), dim=-1)
 
 
 def _word_tokens(backbone, text: str) -> torch.Tensor:
