@@ -1,10 +1,11 @@
 """Seconds per round and memory as the number of virtual clients grows, with a fixed cohort of 10 per round.
 
 fedvlp runs promptfl (fedvlp/configs/quickstart.yaml) on 2 workers with N = 100, 1,000 and 10,000 virtual clients
-and participation 10/N, for 10 rounds. The work of a round is held fixed across N: 20,000 training samples
-for every N (the frozen features are encoded once and shared through fedvlp's disk cache), an iid split
+and participation 10/N, for 10 rounds. The work of a round is held fixed across N: every client holds the
+same number of samples (--samples-per-client, 2 by default: the training set is 2N samples, 20,000 at
+N = 10,000; its frozen features are encoded once and shared through fedvlp's disk cache), an iid split
 (the label-skew k-means leaves a third of 10,000 clients empty at 2 samples each), and batch_size 256, so
-every client takes exactly local_epochs steps whatever its size. The global model is evaluated before
+a cohort always trains 10 x 2 samples in local_epochs steps per client. The global model is evaluated before
 round 1 and after the last round only.
 
 Per N it prints start-up seconds (to the end of the round-0 evaluation, with its slowest phases), the
@@ -53,7 +54,7 @@ def scale_spec(config: str, clients: int, args, method_overrides: list[str]):
     return common.bench_spec(config, [
         f"federation.clients={clients}", f"federation.participation={COHORT / clients}",
         "federation.partition=iid", f"federation.rounds={args.rounds}", f"federation.eval_every={args.rounds}",
-        f"data.num_train={args.num_train}", "resources.workers=2", "tracking.experiment=bench-scale",
+        f"data.num_train={clients * args.samples_per_client}", "resources.workers=2", "tracking.experiment=bench-scale",
         *method_overrides])
 
 
@@ -119,14 +120,17 @@ def client_state_footprint(spec, clients: int) -> dict:
     figures, result = timed_run(spec)
     checkpoint_path = Path(spec.output_dir).resolve() / result.run_id / "checkpoint.pt"
     checkpoint = torch.load(checkpoint_path, weights_only=True)
-    stored = checkpoint["clients"]  # {"in_memory": {client: state}, "on_disk": {client: round of its file}}
-    one = next(iter(stored["in_memory"].values()), None)
+    from fedvlp.platform.client_states import ClientStateStore
+
+    with tempfile.TemporaryDirectory() as spill_dir:  # the run's own store, restored from its checkpoint
+        stored = ClientStateStore(spill_dir, 0, snapshot=checkpoint["clients"])
+    one = next(iter(stored.in_memory.values()), None)
     if one is None:
         raise RuntimeError("fedotp run: no client-local state in memory to measure "
                            "(resources.client_state_memory_mb=0?)")
     budget_mib = spec.resources.client_state_memory_mb
-    return {"clients": clients, "run": figures, "states_in_memory": len(stored["in_memory"]),
-            "states_on_disk": len(stored["on_disk"]), "state_shapes": {k: list(t.shape) for k, t in one.items()},
+    return {"clients": clients, "run": figures, "states_in_memory": len(stored.in_memory),
+            "states_on_disk": len(stored.on_disk), "state_shapes": {k: list(t.shape) for k, t in one.items()},
             "state_bytes": sum(t.numel() * t.element_size() for t in one.values()),
             "checkpoint_mib_after_run": round(checkpoint_path.stat().st_size / MiB, 2),
             "every_client_has_state": {
@@ -164,13 +168,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--clients", type=int, nargs="+", default=[100, 1_000, 10_000])
     parser.add_argument("--rounds", type=int, default=10)
-    parser.add_argument("--num-train", type=int, default=20_000)
+    parser.add_argument("--samples-per-client", type=int, default=2,
+                        help="every client's samples (the training set is N times this), so a cohort's work is fixed")
     parser.add_argument("--no-local-state", action="store_true", help="skip the fedotp client-local state run")
     args = parser.parse_args()
     if args.rounds < 3:
         parser.error("--rounds: at least 3 (round 1 warms up, the last also evaluates)")
 
-    figures = {"machine": common.machine(), "cohort": COHORT, "rounds": args.rounds, "num_train": args.num_train,
+    figures = {"machine": common.machine(), "cohort": COHORT, "rounds": args.rounds,
+               "samples_per_client": args.samples_per_client,
                "method": "promptfl", "runs": []}
     print(f"{'clients':>8}{'start-up s':>12}{'s/round':>9}{'client update s':>17}{'rest s':>8}{'CPU s/round':>13}"
           f"{'driver MiB':>12}{'coord MiB':>11}{'workers MiB':>14}  slowest start-up phases")
