@@ -296,7 +296,7 @@ def run_bare(spec, threads: int = 1, on_round=None, processes: int = 1) -> BareR
     torch.set_num_threads(threads)
     try:
         if processes == 1:
-            return _bare_loop(spec, on_round or (lambda *_: None), _local_updates)
+            return _bare_loop(spec, on_round or (lambda *_: None), train=None)
         context = multiprocessing.get_context("spawn")
         with context.Pool(processes, initializer=_bare_worker_start, initargs=(spec, threads)) as pool:
             def train(jobs: list) -> list[dict]:
@@ -341,6 +341,7 @@ def _local_updates(jobs: list, method, clients: dict[int, ClientData]) -> list[d
 
 
 def _bare_loop(spec, on_round, train) -> BareResult:
+    """The loop itself; `train(jobs)` runs a cohort's local updates (None: in this process)."""
     started = time.perf_counter()
     fed = spec.federation
     prepare_backbone(spec, progress=False)
@@ -348,7 +349,7 @@ def _bare_loop(spec, on_round, train) -> BareResult:
     task = Task(data.dataset.class_names, multilabel=data.dataset.multilabel)
     backbone = load_backbone(spec)
     method = build_method(spec, backbone, task)
-    if train is _local_updates:
+    if train is None:
         clients = _client_data(spec, data, method, backbone)
         train = lambda jobs: _local_updates(jobs, method, clients)  # noqa: E731
     test_inputs = as_inputs(method, frozen_features(spec, data, backbone, method.feature_kind, "test"))
