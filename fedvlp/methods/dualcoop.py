@@ -43,7 +43,8 @@ class DualCoOpParams:
         "otherwise (and always for the negative context) N(0, 0.02)")
     csc: bool = spec_field(False, "class-specific contexts (one positive and one negative context per class)")
     region_scale: float = spec_field(
-        20.0, "S = region_scale * cos(patch, text); the softmax over patches is of S (reference 20)", gt=0)
+        20.0, "S = region_scale * cos(patch, text); the softmax over patches is of S (reference 20)", gt=0,
+        tune=log_range(2.0, 20.0))
     output_scale: float | None = spec_field(
         None, "each side's logit = output_scale * sum_m w_m S_m; null: the backbone's logit scale / region_scale "
         "(reference 5 = 100 / 20 for OpenAI CLIP)", gt=0)
