@@ -71,15 +71,14 @@ from typing import Any, ClassVar, Literal, TypeVar
 
 import torch
 import torch.nn.functional as F
+from peft import LoraConfig, get_peft_model_state_dict, inject_adapter_in_model, set_peft_model_state_dict
+from peft.tuners.lora import LoraLayer
 
 from fedvlp.errors import ConfigError
 from fedvlp.methods.base import ClientData, Method, TokenInputs
 from fedvlp.methods.fedprime import token_inputs, trainable_pooler, vilt_classifier
 from fedvlp.methods.registry import register
 from fedvlp.spec import int_range, log_range, spec_field
-
-# peft is imported where it is used: it imports transformers (about 2 s), which every other method's workers
-# would otherwise pay at start-up.
 
 ADAPTER = "default"  # peft's adapter name; get_peft_model_state_dict strips it from the keys
 # module-name suffixes peft matches (a key matches a target t if it is t or ends with "." + t)
@@ -167,9 +166,6 @@ def inject_lora(module: torch.nn.Module, targets: tuple[str, ...], params, gener
     peft draws A from torch's global RNG: it is seeded here from `generator`, in a forked RNG (peft creates
     the adapters on the CPU and then moves them, so A does not depend on the device either). With
     `params.ffa` A is frozen."""
-    from peft import LoraConfig, inject_adapter_in_model
-    from peft.tuners.lora import LoraLayer
-
     config = LoraConfig(r=params.rank, lora_alpha=params.alpha, lora_dropout=params.dropout,
                         target_modules=list(targets), bias="none", init_lora_weights=True)
     seed = int(torch.randint(2**62, (1,), generator=generator))
@@ -197,8 +193,6 @@ class LoraMethod(Method):
     def state_dict(self, *, destination=None, prefix: str = "", keep_vars: bool = False):
         """The heads' tensors and the LoRA tensors (through `get_peft_model_state_dict`; only B with FFA):
         the frozen weights of the adapted module are not part of the method's state."""
-        from peft import get_peft_model_state_dict
-
         state = super().state_dict(destination=destination, prefix=prefix, keep_vars=keep_vars)
         own = f"{prefix}{self.adapter_module}."
         module_state = {key[len(own):]: state.pop(key) for key in [k for k in state if k.startswith(own)]}
@@ -211,8 +205,6 @@ class LoraMethod(Method):
 
     def load_state_dict(self, state_dict, strict: bool = True, assign: bool = False):
         """The inverse of `state_dict`: the LoRA tensors through `set_peft_model_state_dict`, the heads as usual."""
-        from peft import set_peft_model_state_dict
-
         own = f"{self.adapter_module}."
         expected = set(self.state_dict())
         missing, unexpected = sorted(expected - set(state_dict)), sorted(set(state_dict) - expected)
@@ -231,8 +223,6 @@ class LoraMethod(Method):
     def train(self, mode: bool = True):
         """The frozen layers stay in eval mode (they compute what the frozen backbone computes); the heads and
         the adapters' dropout follow `mode`."""
-        from peft.tuners.lora import LoraLayer
-
         super().train(mode)
         adapted = self._adapted()
         adapted.eval()
