@@ -1,0 +1,85 @@
+"""The quickstart's start-up, in wall seconds and in CPU seconds, and what each of its processes costs alone.
+
+Start-up is launch to the end of round 1 of the quickstart (2 workers, 10 clients), with warm caches (backbone
+and features). On a 2-core machine its wall time cannot fall below its CPU seconds / 2 while every process
+it starts is needed, so this prints both, and the CPU seconds each process spends before it can work,
+measured alone in a fresh process:
+  - the driver's imports (fedvlp, Ray, MLflow, torch);
+  - `ray.init` of a private local Ray (GCS, raylet, agents), with its daemons' CPU;
+  - a client worker: its imports (torch, open_clip, the methods) and the tiny CLIP;
+  - the coordinator: its imports (torch, Ray).
+Run: python benchmarks/startup.py [--runs 3]   (~1 min on 2 quiet cores)
+Writes benchmarks/results/startup.json.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+import _common as common
+
+TARGET_S = 5.0
+ALONE = {
+    "driver imports": "import fedvlp.cli, fedvlp.platform.engine, mlflow",
+    "client worker": ("import fedvlp.platform.worker as w; from fedvlp.config import load_spec; "
+                      "from fedvlp.methods.base import Task; spec = load_spec('quickstart'); "
+                      "w.build_method(spec, w.load_backbone(spec), Task([str(i) for i in range(10)], multilabel=True))"),
+    "coordinator": "import fedvlp.platform.coordinator",
+    "ray.init": ("import ray, sys; sys.path.insert(0, {bench!r}); import _common as c; t = c.tree_cpu_seconds(); "
+                 "ray.init(address='local', num_cpus=2, include_dashboard=False); print(c.tree_cpu_seconds() - t); "
+                 "ray.shutdown()"),
+}
+
+
+def cpu_alone(code: str) -> float:
+    """CPU seconds (user + system, with reaped children) of `python -c code` in a fresh process; for ray.init,
+    the figure the code prints (the process tree's CPU while Ray starts)."""
+    before = os.times()
+    out = subprocess.run([sys.executable, "-c", code.format(bench=os.path.dirname(os.path.abspath(__file__)))],
+                         capture_output=True, text=True, check=True).stdout.strip().splitlines()
+    after = os.times()
+    if out:
+        return float(out[-1])
+    return (after.children_user - before.children_user) + (after.children_system - before.children_system)
+
+
+def quickstart_to_round_1() -> tuple[float, float]:
+    """(wall s, CPU s of this process and its descendants) from launch to the end of round 1."""
+    spec = common.bench_spec("quickstart", ["federation.rounds=1"])
+    clock = common.RoundClock()
+    common.engine.run_federated(spec, progress=False, on_round=clock)
+    wall, cpu = clock.marks[0]
+    return wall - clock.start[0], cpu - clock.start[1]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--runs", type=int, default=3, help="quickstart runs (the median is reported)")
+    args = parser.parse_args()
+    cores = os.cpu_count() or 1
+    quickstart_to_round_1()  # warms the backbone and feature caches; not counted
+    runs = [quickstart_to_round_1() for _ in range(args.runs)]
+    wall, cpu = statistics.median(w for w, _ in runs), statistics.median(c for _, c in runs)
+    alone = {name: round(statistics.median(cpu_alone(code) for _ in range(args.runs)), 2)
+             for name, code in ALONE.items()}
+    processes = alone["driver imports"] + alone["ray.init"] + 2 * alone["client worker"] + alone["coordinator"]
+    print(f"quickstart, launch to the end of round 1 (median of {args.runs}): {wall:.2f} s wall, {cpu:.2f} CPU s "
+          f"on {cores} cores -> the CPU alone needs {cpu / cores:.2f} s; target {TARGET_S} s: "
+          + ("met" if wall <= TARGET_S else "MISSED"))
+    print("CPU s of each process before it can work, alone in a fresh process: "
+          + ", ".join(f"{k} {v:.2f}" for k, v in alone.items())
+          + f"; driver + Ray + 2 workers + coordinator = {processes:.2f} CPU s -> {processes / cores:.2f} s on "
+          f"{cores} cores")
+    common.write_results("startup", {
+        "machine": common.machine(), "runs": [{"wall_s": round(w, 2), "cpu_s": round(c, 2)} for w, c in runs],
+        "wall_s": round(wall, 2), "cpu_s": round(cpu, 2), "cpu_floor_s": round(cpu / cores, 2),
+        "alone_cpu_s": alone, "processes_cpu_s": round(processes, 2), "target_s": TARGET_S,
+        "measured_at": time.strftime("%Y-%m-%d %H:%M:%S")})
+
+
+if __name__ == "__main__":
+    main()
