@@ -27,7 +27,8 @@ ALONE = {
     "driver imports": "import fedvlp.cli, fedvlp.platform.engine, mlflow",
     "client worker": ("import fedvlp.platform.worker as w; from fedvlp.config import load_spec; "
                       "from fedvlp.methods.base import Task; spec = load_spec('quickstart'); "
-                      "w.build_method(spec, w.load_backbone(spec), Task([str(i) for i in range(10)], multilabel=True))"),
+                      "task = Task([str(i) for i in range(10)], multilabel=True); "
+                      "w.build_method(spec, w.load_backbone(spec), task)"),
     "coordinator": "import fedvlp.platform.coordinator",
     "ray.init": ("import ray, sys; sys.path.insert(0, {bench!r}); import _common as c; t = c.tree_cpu_seconds(); "
                  "ray.init(address='local', num_cpus=2, include_dashboard=False); print(c.tree_cpu_seconds() - t); "

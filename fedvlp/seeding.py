@@ -41,3 +41,15 @@ def torch_seed(seed: int, stream: str, *keys: int) -> int:
 
 def torch_generator(seed: int, stream: str, *keys: int) -> torch.Generator:
     return torch.Generator().manual_seed(torch_seed(seed, stream, *keys))
+
+
+_NEW_PROCESS_SEED = torch.initial_seed()  # what torch seeds a new process with (nothing reseeds it before this import)
+
+
+def reset_reused_actor(actor, *init_args) -> None:
+    """Start a Ray actor afresh in its running process: its attributes cleared, torch's global generators as a
+    new process has them, then its `__init__` again. A run on a reused actor (a Tune trial after another in the
+    same placement group) so computes exactly what it would on a new one; only the process start is saved."""
+    actor.__dict__.clear()
+    torch.manual_seed(_NEW_PROCESS_SEED)
+    type(actor).__init__(actor, *init_args)

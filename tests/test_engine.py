@@ -39,7 +39,8 @@ def test_promptfl_learns_and_mlflow_holds_the_run(ray_cluster, tracking_uri, tmp
     client, run = _only_run(tracking_uri)
     assert run.info.status == "FINISHED" and run.info.run_id == result.run_id and run.info.run_name == "my run"
     assert run.data.tags["method"] == "promptfl" and run.data.tags["dataset"] == "synthetic-scenes"
-    assert run.data.params["federation.clients"] == "4" and run.data.params["method.lr"] == "0.002"
+    assert run.data.params["federation.clients"] == "4" and run.data.params["method.lr"] == str(spec.method.params.lr)
+    assert run.data.tags["actors"] == "new"  # only a Tune trial's actors are kept for the next run
     for metric in ("val_mAP", "test_mAP", "test_CF1", "val_hallucination_gap", "personal_mAP", "personal_mAP_std"):
         assert _steps(client, run.info.run_id, metric) == [0, 2, 3]  # eval_every=2, and after the last round
     for metric in ("train_loss", "round_seconds", "bytes_up", "bytes_down"):

@@ -13,10 +13,12 @@ import yaml
 from conftest import CLI_TIMEOUT_S, fedvlp_cli
 from mlflow import MlflowClient
 
+from fedvlp.config import load_spec
 from fedvlp.errors import ConfigError
 from fedvlp.platform.engine import run_federated
 from fedvlp.platform.sweep import _tune_config, load_sweep, trial_spec
 
+QUICKSTART = load_spec("quickstart")
 SMALL = {"federation.rounds": 2, "federation.clients": 4, "data.num_train": 600, "data.num_val": 256,
          "data.num_test": 256, "data.num_holdout": 100, "method.local_epochs": 2, "resources.workers": 1,
          "resources.num_cpus": 0.5, "resources.coordinator_cpus": 0.25}
@@ -86,6 +88,28 @@ def _nested_runs(uri: str, experiment: str):
     parents = [r for r in runs if r.data.tags.get("fedvlp.role") in ("sweep", "tune")]
     trials = [r for r in runs if r.data.tags.get("fedvlp.role") == "trial"]
     return client, parents, trials
+
+
+@pytest.mark.usefixtures("tiny_clip")
+def test_a_trial_on_a_finished_trials_actors_computes_what_new_actors_would(tmp_path, ray_cluster, tracking_uri):
+    """Tune reuses a finished trial's process and placement group, and the engine resets the actors it left there
+    for the next trial: each trial ends exactly where a run on new actors ends, whatever ran there before."""
+    from fedvlp.platform.sweep import run_sweep
+
+    space = write_space(tmp_path, name="reuse", max_concurrent_trials=1,
+                        space={"method.name": {"grid": ["fedlora", "fedtpg", "promptfl"]}},
+                        set={**SMALL, "tracking.uri": tracking_uri, "output_dir": str(tmp_path / "runs")})
+    sweep = load_sweep(space)
+    run_sweep(sweep, progress=False)
+    client, _, trials = _nested_runs(tracking_uri, "sweep-reuse")
+    assert sorted(t.data.tags["actors"] for t in trials) == ["new", "reused", "reused"]
+    for trial in trials:
+        method = trial.data.tags["swept.method.name"]
+        spec = trial_spec(sweep, {"method.name": method, "seed": 0}, "check")
+        new = run_federated(dataclasses.replace(spec, tracking=dataclasses.replace(spec.tracking, experiment="new")),
+                            progress=False)
+        logged = client.get_run(trial.info.run_id).data.metrics
+        assert (logged["val_mAP"], logged["test_mAP"]) == (new.final["val_mAP"], new.final["test_mAP"]), method
 
 
 @pytest.mark.slow
@@ -208,7 +232,7 @@ def test_named_variants_are_swept_as_one_key(tmp_path):
     sweep = load_sweep(write_space(tmp_path, space={}, variants={"slow": {"method.lr": 0.0001}, "plain": None}))
     assert sweep.swept_keys == ["variant"] and sorted(sweep.space["variant"][1]) == ["plain", "slow"]
     assert trial_spec(sweep, {"variant": "slow", "seed": 0}, "p").method.params.lr == 0.0001
-    assert trial_spec(sweep, {"variant": "plain", "seed": 0}, "p").method.params.lr == 0.002
+    assert trial_spec(sweep, {"variant": "plain", "seed": 0}, "p").method.params.lr == QUICKSTART.method.params.lr
     with pytest.raises(ConfigError, match=r"trial .*method\.lr: expected a value > 0"):
         load_sweep(write_space(tmp_path, space={}, variants={"bad": {"method.lr": -1}}))
     with pytest.raises(ConfigError, match=r"variants: expected a mapping of names"):
@@ -220,14 +244,14 @@ def test_method_settings_apply_to_their_method_only(tmp_path):
                                    method_settings={"fedmpt": {"method.lr": 0.02, "method.local_epochs": 5}}))
     fedmpt = trial_spec(sweep, {"method.name": "fedmpt", "seed": 0}, "p").method.params
     promptfl = trial_spec(sweep, {"method.name": "promptfl", "seed": 0}, "p").method.params
-    assert (fedmpt.lr, fedmpt.local_epochs) == (0.02, 5) and (promptfl.lr, promptfl.local_epochs) == (0.002, 2)
+    assert (fedmpt.lr, fedmpt.local_epochs) == (0.02, 5)
+    assert (promptfl.lr, promptfl.local_epochs) == (QUICKSTART.method.params.lr, SMALL["method.local_epochs"])
     with pytest.raises(ConfigError, match=r"trial .*method\.bogus: unknown key"):
         load_sweep(write_space(tmp_path, space={"method.name": {"grid": ["fedmpt"]}},
                                method_settings={"fedmpt": {"method.bogus": 1}}))
 
 
 def test_method_settings_from_a_run_config_and_swept_values_win(tmp_path):
-    from fedvlp.config import load_spec
 
     sweep = load_sweep(write_space(tmp_path, space={"method.name": {"grid": ["promptfl", "fedmpt"]},
                                                     "method.local_epochs": {"grid": [1, 2]}},

@@ -18,7 +18,7 @@ from fedvlp.platform.aggregation import RuleInputs, apply_rule, is_average, stat
 from fedvlp.platform.client_states import ClientStateStore
 from fedvlp.platform.sampling import sample_cohort
 from fedvlp.platform.updates import ClientUpdate
-from fedvlp.seeding import torch_generator
+from fedvlp.seeding import reset_reused_actor, torch_generator
 
 
 @ray.remote(max_restarts=0)
@@ -36,6 +36,10 @@ class Coordinator:
         spill_dir, budget_bytes = client_store
         self.client_states = ClientStateStore(spill_dir, budget_bytes, checkpoint["clients"] if checkpoint else None)
         self.round = checkpoint["round"] if checkpoint else 0
+
+    def reset(self, *init_args) -> None:
+        """This coordinator for a new run, as a new actor would start it (`reset_reused_actor`)."""
+        reset_reused_actor(self, *init_args)
 
     def begin(self, state: dict[str, torch.Tensor], rules: dict[str, str], rule_options: dict,
               privacy: dict | None = None) -> None:

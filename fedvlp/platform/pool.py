@@ -29,17 +29,24 @@ def wait_all(refs, what: str, timeout: float, knob: str = "resources.round_timeo
 
 
 class WorkerPool:
-    def __init__(self, spec, task, placement, bundle_offset: int, name: str, runtime_env: dict | None = None):
+    def __init__(self, spec, task, placement, bundle_offset: int, name: str, runtime_env: dict | None = None,
+                 reuse: list | None = None):
         self.spec, self.task, self.placement, self.bundle_offset, self.name = spec, task, placement, bundle_offset, name
         self.runtime_env = runtime_env  # ships the spec's plugins (fedvlp.plugins.actor_runtime_env)
         self.replacements = 0  # over the whole run
         self._data: list[tuple] = []  # per worker: the arguments of its `attach`
         self.home: dict[int, int] = {}
         self.local_test_clients: set[int] = set()
-        self.actors = [self._start(w) for w in range(spec.resources.workers)]
+        if reuse:  # the workers a finished run left in this placement group, started afresh in their processes
+            wait_all([actor.reset.remote(spec, w, task) for w, actor in enumerate(reuse)], "reset of the reused client "
+                     "workers", spec.resources.startup_timeout_s, "resources.startup_timeout_s")
+            self.actors = list(reuse)
+        else:
+            self.actors = [self._start(w) for w in range(spec.resources.workers)]
 
     def _start(self, index: int):
-        """Worker `index` in its own bundle; named (`ray list actors`) so drills and tests can reach it."""
+        """Worker `index` in its own bundle; named (`ray list actors`) so drills and tests can reach it (a worker
+        reused by a later Tune trial keeps this run's name)."""
         generation = f"-{self.replacements}" if self.replacements else ""  # a dead actor's name may linger
         return ClientWorker.options(  # type: ignore[attr-defined]  # a Ray actor class
             num_cpus=self.spec.resources.num_cpus, num_gpus=self.spec.resources.num_gpus,
@@ -104,10 +111,6 @@ class WorkerPool:
                 if not _alive(actor):
                     self.replace(index, actor)
             return wait_all([call(a) for a in self.actors], what, self.spec.resources.round_timeout_s)
-
-    def kill(self) -> None:
-        for actor in self.actors:
-            ray.kill(actor)
 
 
 def _alive(actor) -> bool:

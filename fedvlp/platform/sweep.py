@@ -383,7 +383,8 @@ def _tune_config(sweep: SweepSpec):
                                   grace_period=sweep.scheduler.get("grace_period", 1),
                                   reduction_factor=sweep.scheduler.get("reduction_factor", 2))
     return tune.TuneConfig(metric=sweep.metric, mode=sweep.mode, scheduler=scheduler, num_samples=sweep.num_samples,
-                           max_concurrent_trials=sweep.max_concurrent_trials)
+                           max_concurrent_trials=sweep.max_concurrent_trials,
+                           reuse_actors=True)  # a trial starts in a finished one's process, with its actors (engine)
 
 
 def _close_runs(client, experiment_id: str, parent_run_id: str, experiment_dir: Path, trials: str, parent: str) -> None:

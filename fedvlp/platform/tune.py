@@ -186,7 +186,8 @@ def run_tune(tune_spec: TuneSpec, out: str | Path | None = None, progress: bool 
             tune.with_resources(tune.with_parameters(_trial, tune_spec=tune_spec, parent_run_id=parent_id), resources),
             param_space=_search_space(tune_spec.ranges),
             tune_config=tune.TuneConfig(search_alg=searcher, scheduler=scheduler, num_samples=tune_spec.budget,
-                                        metric=OBJECTIVE, mode=tune_spec.mode),
+                                        metric=OBJECTIVE, mode=tune_spec.mode,
+                                        reuse_actors=True),  # a trial starts with a finished one's actors (engine)
             run_config=tune.RunConfig(name=tune_spec.experiment, storage_path=str(tune_spec.storage.resolve()),
                                       verbose=0, failure_config=tune.FailureConfig(max_failures=0)))
         results = tuner.fit()

@@ -19,7 +19,7 @@ from fedvlp.backbones import load_backbone
 from fedvlp.data.missing import apply_missing
 from fedvlp.methods.base import ClientData, Task
 from fedvlp.platform.updates import ClientUpdate
-from fedvlp.seeding import torch_generator
+from fedvlp.seeding import reset_reused_actor, torch_generator
 
 
 def build_method(spec, backbone, task: Task):
@@ -67,6 +67,10 @@ class ClientWorker:
         self.local_tests: dict[int, ClientData] = {}
         self.eval_blocks: dict[str, list[tuple[int, object]]] = {}
         self.faults: dict[tuple[int, int], tuple] = {}  # (round, client) -> injected fault (`inject_fault`)
+
+    def reset(self, spec, index: int, task: Task) -> None:
+        """This worker for a new run, as a new actor would start it (`reset_reused_actor`)."""
+        reset_reused_actor(self, spec, index, task)
 
     def ready(self) -> dict:
         return {"index": self.index, "pid": os.getpid(), "node_id": ray.get_runtime_context().get_node_id(),
