@@ -7,8 +7,10 @@ trial starts and completes; the trial's own MLflow run holds its `round_seconds`
 wall time minus the sum of its rounds: placing its bundles, starting its coordinator and workers, loading the
 backbone and features, opening its MLflow run, reporting and checkpointing each round to Tune, and tearing down.
 
-Prints per trial and the median (target: 3 s or less), with where the start-up goes.
-Run: python benchmarks/sweep_trials.py [--space smoke]   (~2 min on 2 quiet cores)
+Two arms, the same sweep one after the other: "new", every trial starts its own coordinator and workers (Tune's
+reuse_actors off, as before), and "reused", a trial starts in a finished trial's process with its actors reset
+(fedvlp's default). Prints per trial and the medians (target: 3 s or less), with where the start-up goes.
+Run: python benchmarks/sweep_trials.py [--space smoke]   (~3 min on 2 quiet cores)
 Writes benchmarks/results/sweep_trials.json.
 """
 from __future__ import annotations
@@ -26,11 +28,12 @@ from fedvlp.platform import sweep as sweeps
 TARGET_S = 3.0
 
 
-def timed_sweep(space: str) -> tuple[dict, str, str]:
-    """({trial id: (start, end) wall seconds}, tracking uri, experiment) of one run of `space`."""
+def timed_sweep(space: str, reuse: bool) -> tuple[dict, str, str]:
+    """({trial id: (start, end) wall seconds}, tracking uri, experiment) of one run of `space`, with Tune's
+    `reuse_actors` as `reuse`."""
     from ray import tune
 
-    scratch = common.SCRATCH / "sweep_trials"
+    scratch = common.SCRATCH / f"sweep_trials_{'reused' if reuse else 'new'}"
     shutil.rmtree(scratch, ignore_errors=True)
     scratch.mkdir(parents=True)
     uri = f"sqlite:///{scratch / 'mlflow.db'}"
@@ -50,11 +53,13 @@ def timed_sweep(space: str) -> tuple[dict, str, str]:
     class Both(Timing, type(progress(sweep.metric, sweep.mode))):
         pass
 
+    tune_config = sweeps._tune_config
     sweeps.sweep_progress = lambda metric, mode: Both()
+    sweeps._tune_config = lambda s: dataclasses.replace(tune_config(s), reuse_actors=reuse)
     try:
         sweeps.run_sweep(sweep)
     finally:
-        sweeps.sweep_progress = progress
+        sweeps.sweep_progress, sweeps._tune_config = progress, tune_config
     return {k: tuple(v) for k, v in spans.items() if len(v) == 2}, uri, sweep.experiment
 
 
@@ -84,23 +89,28 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--space", default="smoke", help="a shipped space name or a space file")
     args = parser.parse_args()
-    load = common.machine()
-    tic = time.perf_counter()
-    spans, uri, experiment = timed_sweep(args.space)
-    total = time.perf_counter() - tic
-    costs = trial_costs(spans, uri, experiment)
-    print(f"\n{'trial':<58}{'wall s':>8}{'rounds s':>10}{'overhead s':>12}{'start-up s':>12}")
-    for c in costs:
-        print(f"{c['trial']:<58}{c['wall_s']:>8.1f}{c['rounds_s']:>10.1f}{c['overhead_s']:>12.1f}{c['startup_s']:>12.1f}")
-    median = statistics.median(c["overhead_s"] for c in costs)
-    parts = {k: round(statistics.median(c["startup_parts_s"].get(k, 0.0) for c in costs), 2)
-             for k in sorted({k for c in costs for k in c["startup_parts_s"]})}
-    verdict = "met" if median <= TARGET_S else "MISSED"
-    print(f"median overhead per trial {median:.1f} s (target <= {TARGET_S}: {verdict}); "
-          f"median start-up parts (s): {parts}; the sweep took {total:.0f} s for {len(costs)} trials")
-    common.write_results("sweep_trials", {"machine": load, "space": args.space, "sweep_seconds": round(total, 1),
-                                          "median_overhead_s": median, "median_startup_parts_s": parts,
-                                          "trials": costs})
+    figures: dict = {"machine": common.machine(), "space": args.space}
+    for arm, reuse in (("new", False), ("reused", True)):
+        tic = time.perf_counter()
+        spans, uri, experiment = timed_sweep(args.space, reuse)
+        total = time.perf_counter() - tic
+        costs = trial_costs(spans, uri, experiment)
+        print(f"\n{arm}: {'trial':<52}{'wall s':>8}{'rounds s':>10}{'overhead s':>12}{'start-up s':>12}")
+        for c in costs:
+            print(f"{c['trial']:<58}{c['wall_s']:>8.1f}{c['rounds_s']:>10.1f}{c['overhead_s']:>12.1f}"
+                  f"{c['startup_s']:>12.1f}")
+        median = statistics.median(c["overhead_s"] for c in costs)
+        parts = {k: round(statistics.median(c["startup_parts_s"].get(k, 0.0) for c in costs), 2)
+                 for k in sorted({k for c in costs for k in c["startup_parts_s"]})}
+        verdict = "met" if median <= TARGET_S else "MISSED"
+        print(f"{arm}: median overhead per trial {median:.1f} s (target <= {TARGET_S}: {verdict}); "
+              f"median start-up parts (s): {parts}; the sweep took {total:.0f} s for {len(costs)} trials")
+        figures[arm] = {"sweep_seconds": round(total, 1), "median_overhead_s": median,
+                        "median_startup_parts_s": parts, "trials": costs}
+    new, reused = figures["new"], figures["reused"]
+    print(f"reused / new: overhead per trial x{reused['median_overhead_s'] / new['median_overhead_s']:.2f}, "
+          f"sweep x{reused['sweep_seconds'] / new['sweep_seconds']:.2f}")
+    common.write_results("sweep_trials", figures)
 
 
 if __name__ == "__main__":
