@@ -84,8 +84,10 @@ CLIENT_PARTS = ("data_s", "load_s", "encode_s", "train_s")  # a Flower client me
 
 
 def workload_spec(method: str, args):
+    """The method's shipped config at a fixed workload: 5 local epochs whatever its tuned value, so the figures
+    stay comparable when a config is re-tuned."""
     return common.bench_spec(CONFIGS[method], [
-        f"federation.clients={args.clients}", f"federation.participation={args.participation}",
+        "method.local_epochs=5", f"federation.clients={args.clients}", f"federation.participation={args.participation}",
         f"federation.rounds={args.rounds}", f"federation.eval_every={args.rounds}",
         f"resources.workers={args.workers}", f"tracking.experiment=bench-overhead-{method}"])
 
