@@ -90,6 +90,24 @@ def _nested_runs(uri: str, experiment: str):
     return client, parents, trials
 
 
+def test_a_reset_actor_starts_as_a_new_process_would():
+    import torch
+
+    from fedvlp.seeding import _NEW_PROCESS_SEED, reset_reused_actor
+
+    class Actor:
+        def __init__(self, key: int):
+            self.key, self.draw = key, torch.rand(3)  # a draw from torch's global generator
+
+    torch.manual_seed(_NEW_PROCESS_SEED)
+    new = Actor(1)
+    reused = Actor(0)
+    reused.left_over = "the last run's"
+    torch.rand(100)  # the last run moved the global generator on
+    reset_reused_actor(reused, 1)
+    assert vars(reused).keys() == {"key", "draw"} and reused.key == 1 and torch.equal(reused.draw, new.draw)
+
+
 @pytest.mark.usefixtures("tiny_clip")
 def test_a_trial_on_a_finished_trials_actors_computes_what_new_actors_would(tmp_path, ray_cluster, tracking_uri):
     """Tune reuses a finished trial's process and placement group, and the engine resets the actors it left there
