@@ -33,7 +33,7 @@ from fedvlp.data.feature_cache import FeatureCache, feature_key
 from fedvlp.methods.base import ClientData, Task
 from fedvlp.platform import engine, tracking
 from fedvlp.platform.aggregation import RuleInputs, apply_rule
-from fedvlp.platform.metrics import multilabel_metrics, single_label_metrics
+from fedvlp.platform.metrics import cooccurring_pairs, multilabel_metrics, single_label_metrics
 from fedvlp.platform.sampling import sample_cohort
 from fedvlp.platform.worker import build_method, server_rules
 from fedvlp.seeding import torch_generator
@@ -249,12 +249,15 @@ def as_labels(labels: np.ndarray) -> torch.Tensor:
     return torch.from_numpy(labels.astype(np.float32 if labels.ndim == 2 else np.int64))
 
 
-def test_metrics(method, state: dict, test_inputs, labels: np.ndarray, task: Task) -> dict[str, float]:
-    """The metrics of `state` on the test split, as the engine computes them (the local state at its start)."""
+def test_metrics(method, state: dict, test_inputs, labels: np.ndarray, task: Task,
+                 cooccurring: np.ndarray | None = None) -> dict[str, float]:
+    """The metrics of `state` on an evaluation split, as the engine computes them (the local state at its start)."""
     method.load(state, None)
     logits = torch.cat([method.score(test_inputs[start : start + EVAL_BLOCK])
                         for start in range(0, len(test_inputs), EVAL_BLOCK)]).numpy()
-    return multilabel_metrics(logits, labels) if task.multilabel else single_label_metrics(logits, labels)
+    if task.multilabel:
+        return multilabel_metrics(logits, labels, cooccurring=cooccurring)
+    return single_label_metrics(logits, labels)
 
 
 def aggregate(rules: dict[str, str], options: dict, rule_states: dict, seed: int, round_index: int,
@@ -287,22 +290,22 @@ class BareResult:
     total_seconds: float = 0.0
 
 
-def run_bare(spec, threads: int = 1, on_round=None, processes: int = 1) -> BareResult:
+def run_bare(spec, threads: int = 1, on_round=None, processes: int = 1, eval_split: str = "test") -> BareResult:
     """`spec`'s federated run with no Ray, no MLflow and no checkpoints: the cohort's local updates in this
     process (`processes=1`) or split over that many worker processes (spawned at start-up, each with
     `threads` torch threads, as fedvlp's workers are). `on_round(round)` is called after each round, as
-    `run_federated` calls it."""
+    `run_federated` calls it. Scores the `eval_split` split ("val" for anything that chooses)."""
     previous_threads = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
         if processes == 1:
-            return _bare_loop(spec, on_round or (lambda *_: None), train=None)
+            return _bare_loop(spec, on_round or (lambda *_: None), None, eval_split)
         context = multiprocessing.get_context("spawn")
         with context.Pool(processes, initializer=_bare_worker_start, initargs=(spec, threads)) as pool:
             def train(jobs: list) -> list[dict]:
                 shares = [jobs[i::processes] for i in range(processes)]
                 return [u for share in pool.map(_bare_worker_updates, shares) for u in share]
-            return _bare_loop(spec, on_round or (lambda *_: None), train)
+            return _bare_loop(spec, on_round or (lambda *_: None), train, eval_split)
     finally:
         torch.set_num_threads(previous_threads)
 
@@ -340,7 +343,7 @@ def _local_updates(jobs: list, method, clients: dict[int, ClientData]) -> list[d
     return updates
 
 
-def _bare_loop(spec, on_round, train) -> BareResult:
+def _bare_loop(spec, on_round, train, eval_split: str = "test") -> BareResult:
     """The loop itself; `train(jobs)` runs a cohort's local updates (None: in this process)."""
     started = time.perf_counter()
     fed = spec.federation
@@ -352,12 +355,14 @@ def _bare_loop(spec, on_round, train) -> BareResult:
     if train is None:
         clients = _client_data(spec, data, method, backbone)
         train = lambda jobs: _local_updates(jobs, method, clients)  # noqa: E731
-    test_inputs = as_inputs(method, frozen_features(spec, data, backbone, method.feature_kind, "test"))
+    test_inputs = as_inputs(method, frozen_features(spec, data, backbone, method.feature_kind, eval_split))
+    labels = data.test_labels if eval_split == "test" else getattr(data.dataset, eval_split).labels
+    cooccurring = cooccurring_pairs(data.dataset.train.labels) if task.multilabel else None
     state = method.global_state()
     rules, options = server_rules(method, spec)
     rule_states: dict[str, dict] = {}
     client_states: dict[int, dict] = {}
-    initial = test_metrics(method, state, test_inputs, data.test_labels, task)
+    initial = test_metrics(method, state, test_inputs, labels, task, cooccurring)
     result = BareResult(initial, initial, time.perf_counter() - started)
 
     for round_index in range(1, fed.rounds + 1):
@@ -367,7 +372,7 @@ def _bare_loop(spec, on_round, train) -> BareResult:
         state = aggregate(rules, options, rule_states, spec.seed, round_index, state, updates)
         client_states.update({u["client_id"]: u["local"] for u in updates if u["local"]})
         if round_index % fed.eval_every == 0 or round_index == fed.rounds:
-            result.final = test_metrics(method, state, test_inputs, data.test_labels, task)
+            result.final = test_metrics(method, state, test_inputs, labels, task, cooccurring)
         result.round_seconds.append(time.perf_counter() - tic)
         on_round(round_index)
     result.total_seconds = time.perf_counter() - started

@@ -320,8 +320,10 @@ def _pretrain(args) -> None:
         return
     if clip:
         result = pretrain_clip.pretrain_tiny_clip()
-        print(f"zero-shot test mAP: {result['zero_shot_map_untrained']:.4f} untrained -> "
-              f"{result['zero_shot_map']:.4f} pretrained\nsaved {result['path']}")
+        print(f"pretrained in {result['seconds']:.0f} s; zero-shot val mAP, untrained -> pretrained: pooled token "
+              f"{result['zero_shot_map_untrained']:.4f} -> {result['zero_shot_map']:.4f}, best patch "
+              f"{result['patch_zero_shot_map_untrained']:.4f} -> {result['patch_zero_shot_map']:.4f}\n"
+              f"saved {result['path']}")
     else:
         result = pretrain_vilt.pretrain_tiny_vilt()
         print(f"pretrained in {result['seconds']:.0f} s; held-out image-text matching accuracy "

@@ -99,8 +99,8 @@ class ClipBackbone(torch.nn.Module):
         """Frozen, L2-normalised image features, computed in fixed chunks of FEATURE_CHUNK.
 
         kind="global": the pooled embedding [n, D]. kind="tokens": [n, 1 + M, D], the pooled
-        embedding followed by the M patch tokens, projected into the joint space like it
-        (the dense features that region-level methods match against class prompts).
+        embedding followed by M dense patch features (`dense_features`), the evidence that
+        region-level methods match against class prompts.
         """
         if kind not in FEATURE_KINDS:
             raise ValueError(f"kind must be one of {FEATURE_KINDS}, got {kind!r}")
@@ -109,17 +109,38 @@ class ClipBackbone(torch.nn.Module):
         return torch.cat(chunks).float().cpu() if chunks else torch.zeros(0, self.embed_dim)
 
     def _encode_chunk(self, pixels: torch.Tensor, kind: str) -> torch.Tensor:
-        visual = self.model.visual
         if kind == "global":
             return F.normalize(self.model.encode_image(pixels), dim=-1)
-        visual.output_tokens = True
+        pooled, patches = self.dense_features(pixels)
+        return F.normalize(torch.cat([pooled.unsqueeze(1), patches], dim=1), dim=-1)
+
+    def dense_features(self, pixels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(pooled [n, D], patches [n, M, D]) in the joint space, not normalised; differentiable.
+
+        The patches follow MaskCLIP (Zhou et al., ECCV 2022): each patch's value path through the
+        last block (v-projection, out-projection, then ln_post and proj), skipping that block's
+        query-key mixing, its residual and its MLP, as ClearCLIP (Lan et al., ECCV 2024) does;
+        MaskCLIP keeps the residual and MLP. ViT patch *outputs* are never trained to match text
+        (only the class token is) and align poorly with it; the values are what the class token
+        pools, so they speak its language. Works for any open_clip VisionTransformer; the pooled
+        token is the model's own.
+        """
+        visual = self.model.visual
+        last = visual.transformer.resblocks[-1]
+        inputs = []
+        hook = last.register_forward_pre_hook(lambda _block, args: inputs.append(args[0]))
         try:
-            pooled, tokens = visual(pixels)
+            pooled = visual(pixels)
         finally:
-            visual.output_tokens = False
-        if visual.proj is not None:
-            tokens = tokens @ visual.proj
-        return F.normalize(torch.cat([pooled.unsqueeze(1), tokens], dim=1), dim=-1)
+            hook.remove()
+        x = inputs[0] if visual.transformer.batch_first else inputs[0].transpose(0, 1)
+        rows, cols = visual.grid_size
+        x = x[:, -rows * cols :]  # the patch tokens (the class token comes first)
+        attn, width = last.attn, x.shape[-1]
+        bias = None if attn.in_proj_bias is None else attn.in_proj_bias[2 * width :]
+        values = F.linear(last.ln_1(x), attn.in_proj_weight[2 * width :], bias)
+        patches = visual.ln_post(last.ls_1(attn.out_proj(values)))
+        return pooled, patches @ visual.proj if visual.proj is not None else patches
 
     def tokenize(self, texts: list[str]) -> torch.Tensor:
         return self.tokenizer(texts).to(self.device)

@@ -4,33 +4,47 @@
 colour ``c // 5`` and shape ``c % 5`` (colour-major: "red circle", "red square", ...,
 "yellow cross").
 
-A latent scene context (4 of them) drives co-occurrence in the ``pretrain`` and ``train``
-splits: each context prefers 5 classes (one per shape, colours spread, the four sets are
-disjoint and cover all 20 classes) and one background. Each object comes from the preferred
-set with probability ``P_PREFERRED`` (else uniformly over all classes not yet in the image),
-and the background is the preferred one with probability ``P_BACKGROUND`` (else uniform).
-The ``test`` and ``val`` splits draw objects and background independently and uniformly
-(context = -1), so co-occurrence learned on train does not hold there; ``holdout`` (the pool the
-clients' local test sets come from) is drawn like ``train``.
+A latent scene context (4 of them) drives the ``pretrain``, ``train`` and ``holdout`` splits:
+what is in a scene and how it looks. Context ``k`` prefers 5 classes (one per shape, colours
+spread; the four sets are disjoint and cover all 20 classes) and a style: one background, one
+lighting, one object scale, one pose and a favoured pair of quadrants (``CONTEXT_*``). Each
+object comes from the preferred set with probability ``P_PREFERRED`` (else uniformly over the
+classes not yet in the image); each of background, lighting, scale and pose is the context's with
+probability ``P_STYLE`` (else uniform); objects go to the favoured quadrants ``QUADRANT_WEIGHT``
+times as readily as to the others. So a client that holds one co-occurrence pattern (label skew
+t = 1) also holds one style. The ``val`` and ``test`` splits draw everything independently and
+uniformly (context = -1): co-occurrence and style learned on train do not hold there.
 
-Objects sit one per quadrant (the quadrant is jittered within its cell, never crossing it),
-so they never overlap. Conditions per image, stored as int arrays in ``SceneSet.conditions``
-and named in the captions:
+Objects are not all easy to see, in every split alike: each is clear, faint (blended into the
+background at ``FAINT_OPACITY``) or partly occluded (a neutral card covers 40-60 % of it), with
+probabilities ``VISIBILITY_P``, and the small scale draws glyphs of radius 4.5-5.4 px (large
+5.8-7 px). Where the object itself is weak evidence, the context (its style, the objects it comes
+with) is a tempting shortcut that val and test punish.
+
+Objects sit one per quadrant (jittered within it; glyph and card are drawn in the quadrant's
+window, so nothing crosses it) and never overlap. ``SceneSet.quadrants`` holds each quadrant's
+``class``, ``visibility`` and whether the caption ``named`` it (-1: empty), for region-level
+supervision and tests. Conditions per
+image, stored as int arrays in ``SceneSet.conditions``:
 
 * ``context``    0..3 (-1 in test and val)
 * ``background`` ``BACKGROUNDS``  = plain, striped, checked, gradient, noisy (neutral, low
   saturation colours, never an object colour)
-* ``lighting``   ``LIGHTINGS``    = dim, normal, bright (whole-image gain with a slight tint)
-* ``scale``      ``SCALES``       = small (radius < 0.18 of the canvas), large
+* ``lighting``   ``LIGHTINGS``    = normal, dim, bright, warm, cool (whole-image gain and tint)
+* ``scale``      ``SCALES``       = small (glyph radius ``SCALE_RADIUS[0]`` of the canvas), large
 * ``layout``     ``LAYOUTS`` / ``LAYOUT_NAMES``: which quadrants hold objects (14 values)
 * ``pose``       ``POSES``        = upright (|angle| <= 4 deg), turned (15-40 deg either way)
 
-Captions name the objects and, half the time, one condition: "a photo of a red circle, a blue
-square and a yellow cross", "a photo of a green diamond, on a striped background", "... in dim
-light", "... small and turned", "... gap bottom right" (at most 32 tokens with the open_clip
-tokenizer, start/end included). About 15 % of objects are left out of the
-captions; a caption always names at least one object. Objects are listed in reading order
-(top left, top right, bottom left, bottom right).
+Captions name the objects and, half the time, one condition phrase that holds a word of each
+of FedMPT's conditions ("spatial layout", "object pose", "background", "lighting", "object
+scale"): "a photo of a red circle, a blue square and a yellow cross", "a photo of a green
+diamond, on a striped background", "..., in dim lighting", "..., in a turned object pose",
+"..., at a small object scale", "..., with a top row spatial layout" (at most 32 tokens with the
+open_clip tokenizer, start/end included). One condition at most: captions full of conditions let
+contrastive pretraining match on them and leave shapes unlearned. About 15 % of objects are left
+out of the captions, faint and occluded ones most often (``OMIT_P_*``), as people caption what they
+see; a caption always names at least one object. Objects are listed in reading
+order (top left, top right, bottom left, bottom right).
 
 Everything is drawn from ``numpy_rng(seed, "data", SPLITS.index(split))`` in fixed blocks of
 ``BLOCK`` images, so a set is a prefix of any larger set with the same seed and split.
@@ -47,6 +61,7 @@ from fedvlp.seeding import numpy_rng
 
 SPLITS = ("pretrain", "train", "test", "val", "holdout")
 DECORRELATED_SPLITS = ("test", "val")
+STYLED_SPLITS = ("train", "holdout")
 SHAPES = ("circle", "square", "triangle", "diamond", "cross")
 COLOURS = ("red", "green", "blue", "yellow")
 CLASS_NAMES = [f"{colour} {shape}" for colour in COLOURS for shape in SHAPES]
@@ -54,9 +69,10 @@ NUM_CLASSES = len(CLASS_NAMES)
 NUM_CONTEXTS = 4
 
 BACKGROUNDS = ("plain", "striped", "checked", "gradient", "noisy")
-LIGHTINGS = ("dim", "normal", "bright")
+LIGHTINGS = ("normal", "dim", "bright", "warm", "cool")
 SCALES = ("small", "large")
 POSES = ("upright", "turned")
+VISIBILITIES = ("clear", "faint", "occluded")
 # Quadrants: 0 top left, 1 top right, 2 bottom left, 3 bottom right.
 LAYOUTS = tuple(q for k in (1, 2, 3) for q in itertools.combinations(range(4), k))
 _QUADRANT_NAMES = ("top left", "top right", "bottom left", "bottom right")
@@ -77,28 +93,39 @@ LAYOUT_NAMES = tuple(_layout_name(q) for q in LAYOUTS)
 CONDITION_VALUES = {"background": BACKGROUNDS, "lighting": LIGHTINGS, "scale": SCALES,
                     "layout": LAYOUT_NAMES, "pose": POSES}
 
-# Context k prefers (shape s, colour (s + k) % 4) for every shape s, and background k + 1.
+# Context k prefers (shape s, colour (s + k) % 4) for every shape s, and a style: background and
+# lighting k + 1 (plain and normal belong to no context), a scale, a pose and a quadrant pair.
 CONTEXT_CLASSES = np.array([[((s + k) % 4) * len(SHAPES) + s for s in range(len(SHAPES))]
                             for k in range(NUM_CONTEXTS)])
 CONTEXT_BACKGROUND = np.arange(NUM_CONTEXTS) + 1
+CONTEXT_LIGHTING = np.arange(NUM_CONTEXTS) + 1
+CONTEXT_SCALE = np.array([0, 1, 0, 1])
+CONTEXT_POSE = np.array([0, 1, 1, 0])
+CONTEXT_QUADRANTS = np.array([(0, 1), (2, 3), (0, 2), (1, 3)])   # top row, bottom row, columns
 P_PREFERRED = 0.8
-P_BACKGROUND = 0.7
+P_STYLE = 0.8
+QUADRANT_WEIGHT = 4.0
 OBJECT_COUNT_P = (0.3, 0.4, 0.3)            # 1, 2, 3 objects
-RADIUS_RANGE = (0.14, 0.22)                 # fraction of the canvas
-SMALL_BELOW = 0.18
-CAPTION_OMIT = 0.15                         # target fraction of objects left out of captions
+SCALE_RADIUS = ((0.14, 0.17), (0.18, 0.22))  # glyph radius as a fraction of the canvas
+VISIBILITY_P = (0.8, 0.1, 0.1)             # clear, faint, occluded
+FAINT_OPACITY = (0.3, 0.5)
+CAPTION_OMIT = 0.15                         # fraction of all objects left out of captions
 CAPTION_CONDITION_P = 0.5                   # captions that also name one condition
-# Per-object drop probability that yields CAPTION_OMIT overall, since the last named object of
-# an image is never dropped: E[dropped] = .4 (2p - p^2) + .3 (3p - p^3) = .15 * E[count].
-_OMIT_P = 0.1853
+# Per-object chance that a caption leaves the object out (the last named object of an image is never
+# dropped): about 9 % of clear and 40 % of faint or occluded objects, 15 % of all.
+OMIT_P_CLEAR = 0.1
+OMIT_P_HARD = 0.5
 BLOCK = 1024
 
 OBJECT_RGB = np.array([(220, 35, 35), (30, 170, 55), (40, 80, 230), (240, 210, 30)], np.float32)
-LIGHT_GAIN = np.array([(0.60, 0.62, 0.70), (1.0, 1.0, 1.0), (1.22, 1.18, 1.08)], np.float32)
+LIGHT_GAIN = np.array([(1.0, 1.0, 1.0), (0.55, 0.58, 0.68), (1.3, 1.25, 1.15), (1.15, 0.95, 0.7),
+                       (0.75, 0.92, 1.2)], np.float32)
 
 _PHRASES = [f"a {name}" for name in CLASS_NAMES]
 _CONTEXT_MASK = np.zeros((NUM_CONTEXTS, NUM_CLASSES), bool)
 _CONTEXT_MASK[np.arange(NUM_CONTEXTS)[:, None], CONTEXT_CLASSES] = True
+_FAVOURED = np.zeros((NUM_CONTEXTS, 4), bool)
+_FAVOURED[np.arange(NUM_CONTEXTS)[:, None], CONTEXT_QUADRANTS] = True
 _LAYOUT_OF_MASK = np.full(16, -1, np.int64)
 for _i, _q in enumerate(LAYOUTS):
     _LAYOUT_OF_MASK[sum(1 << q for q in _q)] = _i
@@ -111,6 +138,7 @@ class SceneSet:
     captions: list[str]
     conditions: dict[str, np.ndarray]    # int64 [n] each; see module docstring
     class_names: tuple[str, ...]
+    quadrants: dict[str, np.ndarray]     # int64 [n, 4] each: "class", "visibility" (-1: empty)
 
     def __len__(self) -> int:
         return len(self.captions)
@@ -124,6 +152,7 @@ def generate_scenes(num_samples: int, split: str, seed: int, image_size: int = 3
     labels = np.zeros((n, NUM_CLASSES), np.uint8)
     conditions = {k: np.empty(n, np.int64) for k in
                   ("context", "background", "lighting", "scale", "layout", "pose")}
+    quadrants = {k: np.empty((n, 4), np.int64) for k in ("class", "visibility", "named")}
     captions: list[str] = []
     for start in range(0, n, BLOCK):
         m = min(BLOCK, n - start)
@@ -136,16 +165,22 @@ def generate_scenes(num_samples: int, split: str, seed: int, image_size: int = 3
         labels[sl][rows, params["quadrant_class"][present]] = 1
         for key in conditions:
             conditions[key][sl] = params[key]
+        quadrants["class"][sl] = params["quadrant_class"]
+        quadrants["visibility"][sl] = np.where(present, params["visibility"], -1)
+        quadrants["named"][sl] = np.where(present, ~params["omit"], -1)
         captions.extend(_captions(params))
-    return SceneSet(images, labels, captions, conditions, tuple(CLASS_NAMES))
+    return SceneSet(images, labels, captions, conditions, tuple(CLASS_NAMES), quadrants)
 
 
 def _draw_block(rng: np.random.Generator, split: str, size: int) -> dict[str, np.ndarray]:
     b = BLOCK
     decorrelated = split in DECORRELATED_SPLITS
+    styled_split = split in STYLED_SPLITS
     context = rng.integers(0, NUM_CONTEXTS, b)
     count = rng.choice(np.arange(1, 4), size=b, p=OBJECT_COUNT_P)
-    quadrant_order = np.argsort(rng.random((b, 4)), axis=1)
+    # Quadrants in a weighted random order (exponential race), the context's pair favoured.
+    weight = np.where(_FAVOURED[context] & styled_split, QUADRANT_WEIGHT, 1.0)
+    quadrant_order = np.argsort(rng.exponential(size=(b, 4)) / weight, axis=1)
     # Classes for up to 3 objects, without repetition: preferred with P_PREFERRED, else uniform.
     chosen = np.zeros((b, NUM_CLASSES), bool)
     classes = np.empty((b, 3), np.int64)
@@ -171,10 +206,16 @@ def _draw_block(rng: np.random.Generator, split: str, size: int) -> dict[str, np
     present = quadrant_class >= 0
     layout = _LAYOUT_OF_MASK[(present * (1 << np.arange(4))).sum(1)]
 
-    uniform_bg = rng.integers(0, len(BACKGROUNDS), b)
-    keep_bg = rng.random(b) < P_BACKGROUND
-    background = uniform_bg if decorrelated else np.where(keep_bg, CONTEXT_BACKGROUND[context],
-                                                          uniform_bg)
+    def styled(num_values: int, preferred_value: np.ndarray) -> np.ndarray:
+        """The context's value with probability P_STYLE in a styled split, else uniform."""
+        uniform = rng.integers(0, num_values, b)
+        keep = (rng.random(b) < P_STYLE) & styled_split
+        return np.where(keep, preferred_value[context], uniform)
+
+    background = styled(len(BACKGROUNDS), CONTEXT_BACKGROUND)
+    lighting = styled(len(LIGHTINGS), CONTEXT_LIGHTING)
+    scale = styled(len(SCALES), CONTEXT_SCALE)
+    pose = styled(len(POSES), CONTEXT_POSE)
     # Neutral background colours: grey level plus a small tint shared by both pattern colours.
     level = rng.uniform(70, 180, b)
     delta = rng.uniform(35, 60, b) * np.where(level < 125, 1.0, -1.0)
@@ -188,15 +229,18 @@ def _draw_block(rng: np.random.Generator, split: str, size: int) -> dict[str, np
     grad_angle = rng.uniform(0, 2 * np.pi, b)
     noise = rng.random((b, size // 2, size // 2))
 
-    lighting = rng.integers(0, len(LIGHTINGS), b)
     gain = LIGHT_GAIN[lighting] * rng.uniform(0.95, 1.05, b)[:, None]
-    radius = rng.uniform(*RADIUS_RANGE, b)
-    pose = rng.integers(0, len(POSES), b)
+    low, high = np.array(SCALE_RADIUS).T
+    radius = rng.uniform(low[scale], high[scale])
     angle = np.where(pose[:, None] == 1,
                      rng.uniform(15, 40, (b, 4)) * rng.choice([-1.0, 1.0], (b, 4)),
                      rng.uniform(-4, 4, (b, 4))) * (np.pi / 180)
     jitter = rng.uniform(-1, 1, (b, 4, 2))
-    omit = (rng.random((b, 4)) < _OMIT_P) & present
+    visibility = rng.choice(len(VISIBILITIES), size=(b, 4), p=VISIBILITY_P)
+    opacity = np.where(visibility == 1, rng.uniform(*FAINT_OPACITY, (b, 4)), 1.0)
+    card_side = rng.integers(0, 4, (b, 4))          # the card covers the left/right/top/bottom part
+    card_cut = rng.uniform(-0.2, 0.2, (b, 4))       # where its edge crosses the glyph, in radii
+    omit = (rng.random((b, 4)) < np.where(visibility == 0, OMIT_P_CLEAR, OMIT_P_HARD)) & present
     keep_one = np.argmax(np.where(present, rng.random((b, 4)) + 1, 0), axis=1)
     omit[np.arange(b), keep_one] &= omit.sum(1) < present.sum(1)
     # Which condition phrase the caption adds (-1: none). One at most, half the time: captions
@@ -208,8 +252,9 @@ def _draw_block(rng: np.random.Generator, split: str, size: int) -> dict[str, np
                 layout=layout, background=background, bg_a=bg_a, bg_b=bg_b,
                 stripe_dir=stripe_dir, period=period, cell=cell, phase=phase,
                 grad_angle=grad_angle, noise=noise, lighting=lighting, gain=gain,
-                radius=radius, scale=(radius >= SMALL_BELOW).astype(np.int64), pose=pose,
-                angle=angle, jitter=jitter, omit=omit, caption_condition=caption_condition)
+                radius=radius, scale=scale, pose=pose, angle=angle, jitter=jitter,
+                visibility=visibility, opacity=opacity, card_side=card_side, card_cut=card_cut,
+                omit=omit, caption_condition=caption_condition)
 
 
 def _background(p: dict[str, np.ndarray], size: int) -> np.ndarray:
@@ -259,6 +304,16 @@ def _shape_distance(shape: int, u: np.ndarray, v: np.ndarray) -> np.ndarray:
     return np.minimum(np.maximum(au - arm, av - half), np.maximum(au - half, av - arm))
 
 
+def _card_distance(side: np.ndarray, cut: np.ndarray, dx: np.ndarray, dy: np.ndarray,
+                   r_px: np.ndarray) -> np.ndarray:
+    """Signed distance (pixels) of the occluding card: the glyph's box beyond `cut` radii
+    from its centre towards `side` (0 left, 1 right, 2 top, 3 bottom)."""
+    along = np.where(side < 2, dx, dy) * np.where(side % 2 == 0, -1.0, 1.0)
+    across = np.where(side < 2, dy, dx)
+    edge = 1.1 * r_px
+    return np.maximum(np.maximum(cut * r_px - along, along - edge), np.abs(across) - edge)
+
+
 def _render(p: dict[str, np.ndarray], size: int) -> np.ndarray:
     img = _background(p, size)
     q = size // 2
@@ -279,25 +334,42 @@ def _render(p: dict[str, np.ndarray], size: int) -> np.ndarray:
         if len(i):
             sd = _shape_distance(s, u[i], v[i]) * r_px[i]      # in pixels
             alpha[i] = np.clip(0.5 - sd, 0.0, 1.0)
+    alpha *= p["opacity"][rows, quads].astype(np.float32)[:, None, None]
+    card = np.clip(0.5 - _card_distance(p["card_side"][rows, quads][:, None, None],
+                                        p["card_cut"][rows, quads].astype(np.float32)[:, None, None],
+                                        dx, dy, r_px), 0.0, 1.0)
+    card *= (p["visibility"][rows, quads] == 2)[:, None, None]
     colour = OBJECT_RGB[cls // len(SHAPES)][:, None, None, :]
-    a = alpha[..., None]
+    card_colour = p["bg_b"][rows].astype(np.float32)[:, None, None, :]
+    a, c = alpha[..., None], card[..., None].astype(np.float32)
     for quad in range(4):
         i = np.nonzero(quads == quad)[0]
         if not len(i):
             continue
         y0, x0 = (quad // 2) * q, (quad % 2) * q
         b = rows[i]
-        region = img[b, y0:y0 + q, x0:x0 + q]
-        img[b, y0:y0 + q, x0:x0 + q] = region * (1 - a[i]) + a[i] * colour[i]
+        region = img[b, y0:y0 + q, x0:x0 + q] * (1 - a[i]) + a[i] * colour[i]
+        img[b, y0:y0 + q, x0:x0 + q] = region * (1 - c[i]) + c[i] * card_colour[i]
     img *= p["gain"].astype(np.float32)[:, None, None, :]
     return np.clip(np.rint(img), 0, 255).astype(np.uint8)
 
 
+def _layout_phrase(p: dict[str, np.ndarray], i: int) -> str:
+    return f"with a {LAYOUT_NAMES[p['layout'][i]]} spatial layout"
+
+
+def _pose_phrase(p: dict[str, np.ndarray], i: int) -> str:
+    pose = POSES[p["pose"][i]]
+    return f"in {'an' if pose[0] in 'aeiou' else 'a'} {pose} object pose"
+
+
+# One phrase per FedMPT condition, each holding the condition's words.
 _CONDITION_PHRASES = (
-    lambda p, i: f"{SCALES[p['scale'][i]]} and {POSES[p['pose'][i]]}",
-    lambda p, i: LAYOUT_NAMES[p["layout"][i]],
+    _layout_phrase,
+    _pose_phrase,
     lambda p, i: f"on a {BACKGROUNDS[p['background'][i]]} background",
-    lambda p, i: f"in {LIGHTINGS[p['lighting'][i]]} light",
+    lambda p, i: f"in {LIGHTINGS[p['lighting'][i]]} lighting",
+    lambda p, i: f"at a {SCALES[p['scale'][i]]} object scale",
 )
 
 

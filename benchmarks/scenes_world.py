@@ -1,0 +1,69 @@
+"""Does synthetic-scenes let FedMPT's questions be asked? The world's diagnostics, all on the val split.
+
+1. Zero-shot headroom of the pretrained tiny CLIP: val mAP of "a photo of a {class}." from the pooled
+   token and from the dense patch features (per class, the best of the 16 patches).
+2. Label skew: the quickstart's PromptFL (10 clients, full participation, 2,000 training images) at
+   heterogeneity t in {0, 0.5, 1}: final val mAP per seed, and the drop from t = 0 to t = 1.
+3. Co-occurrence hallucination: the final model's val `hallucination_gap` at each t.
+
+Runs fedvlp's bare loop (the engine's partition, cohorts, per-(round, client) generators and server
+rules, no Ray), scoring val, never test: these figures choose the world's design.
+Writes benchmarks/results/scenes_world.json. Run: python benchmarks/scenes_world.py [--seeds 0 1 2]
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import time
+
+import numpy as np
+import torch
+from _common import bench_spec, machine, run_bare, write_results
+
+from fedvlp.backbones import load_backbone, prepare_backbone
+from fedvlp.backbones.pretrain_clip import zero_shot_maps
+from fedvlp.data.scenes import generate_scenes
+
+VAL_SIZE = 2000
+
+
+def summarise(runs: list[dict], ts: list[float]) -> dict:
+    """Mean val mAP and gap per t, and the per-seed drop in val mAP from the lowest t to the highest."""
+    by = {(r["seed"], r["t"]): r for r in runs}
+    seeds = sorted({r["seed"] for r in runs})
+    out = {f"t={t}": {k: float(np.mean([by[s, t][k] for s in seeds])) for k in ("val_map", "gap")} for t in ts}
+    drops = [by[s, ts[0]]["val_map"] - by[s, ts[-1]]["val_map"] for s in seeds]
+    out["drop"] = {"mean": float(np.mean(drops)), "per_seed": drops}
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--config", default="quickstart")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--t", type=float, nargs="+", default=[0.0, 0.5, 1.0])
+    parser.add_argument("--set", dest="overrides", action="append", default=[])
+    args = parser.parse_args()
+    torch.set_num_threads(min(2, os.cpu_count() or 1))
+    figures: dict = {"machine": machine(), "config": args.config, "overrides": args.overrides, "runs": []}
+    tic = time.perf_counter()
+    spec = bench_spec(args.config, args.overrides)
+    prepare_backbone(spec, progress=True)
+    val = generate_scenes(VAL_SIZE, "val", spec.seed)
+    figures["zero_shot_val"] = zero_shot_maps(load_backbone(spec), val.images, val.labels, val.class_names)
+    print(f"zero-shot val mAP: {figures['zero_shot_val']}", flush=True)
+    for seed in args.seeds:
+        for t in args.t:
+            run_spec = bench_spec(args.config, [*args.overrides, f"seed={seed}", f"federation.heterogeneity={t}"])
+            final = run_bare(run_spec, threads=2, eval_split="val").final
+            run = {"seed": seed, "t": t, "val_map": final["mAP"], "gap": final["hallucination_gap"]}
+            print(f"seed {seed} t {t}: val mAP {run['val_map']:.4f} gap {run['gap']:+.4f}", flush=True)
+            figures["runs"].append(run)
+    figures["mean"] = summarise(figures["runs"], args.t)
+    figures["wall_seconds"] = time.perf_counter() - tic
+    print(figures["mean"])
+    write_results("scenes_world", figures)
+
+
+if __name__ == "__main__":
+    main()
