@@ -108,10 +108,11 @@ def _parser() -> argparse.ArgumentParser:
     pretrain = commands.add_parser("pretrain", help="pretrain and cache a tiny backbone",
                                    description="Pretrain one of fedvlp's tiny backbones (deterministic) and cache it "
                                                "in the user cache dir ($FEDVLP_CACHE_DIR overrides): the tiny "
-                                               "CLIP contrastively on synthetic-scenes captions, the tiny ViLT "
+                                               "CLIP on synthetic-scenes captions and class prompts, the tiny ViLT "
                                                "on synthetic-recipes image-text pairs.")
     pretrain.add_argument("backbone", choices=["tiny-clip", "tiny-vilt"],
-                          help="tiny-clip: contrastive on synthetic-scenes (about 2 min on 2 cores); tiny-vilt: "
+                          help="tiny-clip: contrastive on captions plus class-prompt terms on the pooled token and the "
+                               "dense patches, synthetic-scenes (about 3 min on 2 cores); tiny-vilt: "
                                "image-text matching and a pair-vs-modality contrastive term on synthetic-recipes "
                                "(about 2 1/2 min)")
     pretrain.add_argument("--force", action="store_true", help="pretrain again even if a cached copy exists")
