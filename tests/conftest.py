@@ -82,13 +82,12 @@ def tracking_uri(tmp_path, empty_store):
 
 
 def small_run(tracking_uri: str, tmp_path, *overrides: str, config: str | None = None):
-    """A fast run spec on the quickstart config (or `config`): small data, 2 rounds of 2 local epochs (the platform
-    under test, not the tuned settings)."""
+    """A fast run spec on the quickstart config (or `config`)."""
     from fedvlp.config import load_spec
 
     return load_spec(config, [
         "data.num_train=800", "data.num_val=256", "data.num_test=256", "data.num_holdout=200",
-        "federation.clients=4", "federation.rounds=2", "method.local_epochs=2", f"tracking.uri={tracking_uri}",
+        "federation.clients=4", "federation.rounds=2", f"tracking.uri={tracking_uri}",
         f"output_dir={tmp_path / 'runs'}", *overrides,
     ])
 
