@@ -16,6 +16,8 @@ if TYPE_CHECKING:
     from fedvlp.backbones.clip import ClipBackbone
     from fedvlp.backbones.vilt import ViltBackbone
 
+TINY_CLIP = "tiny-clip"  # fedvlp's own small CLIP, pretrained by `fedvlp pretrain tiny-clip`
+
 
 def backbone_family(name: str) -> str:
     """'vilt' for tiny-vilt, any name containing 'vilt' (dandelin/vilt-b32-mlm) and a local
@@ -35,10 +37,10 @@ def _fedvlp_pretrained(spec) -> bool:
     if spec.backbone.pretrained != "fedvlp":
         return False
     if backbone_family(spec.backbone.name) == "vilt":
-        from fedvlp.backbones.vilt import TINY_VILT as tiny
-    else:
-        from fedvlp.backbones.clip import TINY_CLIP as tiny
-    return spec.backbone.name == tiny
+        from fedvlp.backbones.vilt import TINY_VILT
+
+        return spec.backbone.name == TINY_VILT
+    return spec.backbone.name == TINY_CLIP
 
 
 def prepare_backbone(spec, progress: bool = True) -> None:
@@ -89,7 +91,7 @@ def backbone_id(spec) -> str:
 
 def load_clip(spec, device: str | torch.device = "cpu") -> ClipBackbone:
     """The frozen CLIP a run spec names: `backbone.name` + `backbone.pretrained`."""
-    from fedvlp.backbones.clip import TINY_CLIP, ClipBackbone, create_clip
+    from fedvlp.backbones.clip import ClipBackbone, create_clip
 
     name, pretrained = spec.backbone.name, spec.backbone.pretrained
     if name == TINY_CLIP and pretrained == "fedvlp":

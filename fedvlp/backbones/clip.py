@@ -16,9 +16,9 @@ import open_clip
 import torch
 import torch.nn.functional as F
 
+from fedvlp.backbones import TINY_CLIP
 from fedvlp.errors import BackboneError
 
-TINY_CLIP = "tiny-clip"
 FEATURE_CHUNK = 256  # images per forward pass; fixed so features are placement-independent
 FEATURE_KINDS = ("global", "tokens")
 

@@ -14,19 +14,21 @@ import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
-import open_clip
 import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file
 
-from fedvlp.backbones.clip import TINY_CLIP, ClipBackbone, create_clip
+from fedvlp.backbones import TINY_CLIP
 from fedvlp.backbones.pretrain import _Recipe, ensure, save, train
 from fedvlp.data.scenes import generate_scenes
 from fedvlp.platform.metrics import mean_average_precision
 from fedvlp.seeding import torch_generator, torch_seed
+
+if TYPE_CHECKING:
+    from fedvlp.backbones.clip import ClipBackbone
 
 
 @dataclass(frozen=True)
@@ -77,6 +79,10 @@ def patch_classes(quadrant_class: np.ndarray, grid: int) -> np.ndarray:
 def pretrain_tiny_clip(recipe: TinyClipRecipe = TinyClipRecipe(), progress: bool = True) -> dict:
     """Train the tiny CLIP from scratch; returns {'path', 'seconds'} and the zero-shot val mAPs
     before and after ('zero_shot_map[_untrained]' pooled, 'patch_zero_shot_map[_untrained]')."""
+    import open_clip  # here, not at import: a run that finds the weights cached never loads open_clip in its driver
+
+    from fedvlp.backbones.clip import ClipBackbone, create_clip
+
     start = time.perf_counter()
     torch.manual_seed(torch_seed(recipe.seed, "pretrain", 0))  # open_clip initialises from the global RNG
     model: Any = create_clip(TINY_CLIP)  # an open_clip CLIP: untyped attributes

@@ -71,8 +71,6 @@ from typing import Any, ClassVar, Literal, TypeVar
 
 import torch
 import torch.nn.functional as F
-from peft import LoraConfig, get_peft_model_state_dict, inject_adapter_in_model, set_peft_model_state_dict
-from peft.tuners.lora import LoraLayer
 
 from fedvlp.errors import ConfigError
 from fedvlp.methods.base import ClientData, Method, TokenInputs
@@ -159,6 +157,14 @@ def seeded_rng(seed: int, device: torch.device):
         yield
 
 
+def lora_layer() -> Any:
+    """peft's LoRA layer class. peft is imported where LoRA runs, never at import: it loads transformers'
+    modelling stack (0.9 CPU s), which the driver and every other method's workers would pay at start-up."""
+    from peft.tuners.lora import LoraLayer
+
+    return LoraLayer
+
+
 def inject_lora(module: torch.nn.Module, targets: tuple[str, ...], params, generator: torch.Generator | None
                 ) -> torch.nn.Module:
     """peft LoRA adapters (A: peft's default Kaiming-uniform init, B: zero) on `targets` of `module`, in place.
@@ -166,12 +172,14 @@ def inject_lora(module: torch.nn.Module, targets: tuple[str, ...], params, gener
     peft draws A from torch's global RNG: it is seeded here from `generator`, in a forked RNG (peft creates
     the adapters on the CPU and then moves them, so A does not depend on the device either). With
     `params.ffa` A is frozen."""
+    from peft import LoraConfig, inject_adapter_in_model
+
     config = LoraConfig(r=params.rank, lora_alpha=params.alpha, lora_dropout=params.dropout,
                         target_modules=list(targets), bias="none", init_lora_weights=True)
     seed = int(torch.randint(2**62, (1,), generator=generator))
     with seeded_rng(seed, next(module.parameters()).device):
         inject_adapter_in_model(config, module, adapter_name=ADAPTER)
-    layers = [m for m in module.modules() if isinstance(m, LoraLayer)]
+    layers = [m for m in module.modules() if isinstance(m, lora_layer())]
     if not layers:
         raise ConfigError(f"method.targets: no module of the backbone matches {', '.join(targets)}")
     if params.ffa:
@@ -193,6 +201,8 @@ class LoraMethod(Method):
     def state_dict(self, *, destination=None, prefix: str = "", keep_vars: bool = False):
         """The heads' tensors and the LoRA tensors (through `get_peft_model_state_dict`; only B with FFA):
         the frozen weights of the adapted module are not part of the method's state."""
+        from peft import get_peft_model_state_dict
+
         state = super().state_dict(destination=destination, prefix=prefix, keep_vars=keep_vars)
         own = f"{prefix}{self.adapter_module}."
         module_state = {key[len(own):]: state.pop(key) for key in [k for k in state if k.startswith(own)]}
@@ -205,6 +215,8 @@ class LoraMethod(Method):
 
     def load_state_dict(self, state_dict, strict: bool = True, assign: bool = False):
         """The inverse of `state_dict`: the LoRA tensors through `set_peft_model_state_dict`, the heads as usual."""
+        from peft import set_peft_model_state_dict
+
         own = f"{self.adapter_module}."
         expected = set(self.state_dict())
         missing, unexpected = sorted(expected - set(state_dict)), sorted(set(state_dict) - expected)
@@ -227,7 +239,7 @@ class LoraMethod(Method):
         adapted = self._adapted()
         adapted.eval()
         for module in adapted.modules():
-            if isinstance(module, LoraLayer):
+            if isinstance(module, lora_layer()):
                 module.lora_dropout.train(mode)
         return self
 
