@@ -7,7 +7,8 @@
 3. Co-occurrence hallucination: the final model's val `hallucination_gap` at each t.
 4. What any classifier on the frozen pooled features can learn: val mAP of a linear probe trained on the
    train split the clients share (2,000 images, with its co-occurrence and styles) and of one trained on
-   2,000 decorrelated images (val-split draws after the scored ones), against zero-shot's.
+   2,000 decorrelated images (val-split draws after the scored ones), against zero-shot's; and, where the
+   train split's shortcuts hold, the first probe and zero-shot on 2,000 holdout images.
 
 Runs fedvlp's bare loop (the engine's partition, cohorts, per-(round, client) generators and server
 rules, no Ray), scoring val, never test: these figures choose the world's design.
@@ -82,6 +83,11 @@ def main() -> None:
         "train split": probe_map(backbone, train.images, train.labels, val),
         "decorrelated": probe_map(backbone, more_val.images[VAL_SIZE:], more_val.labels[VAL_SIZE:], val)}
     print(f"linear probe on pooled features, val mAP: {figures['probe_val']}", flush=True)
+    holdout = generate_scenes(PROBE_SIZE, "holdout", spec.seed)  # the train split's co-occurrence and styles
+    figures["holdout"] = {"zero-shot": zero_shot_maps(backbone, holdout.images, holdout.labels,
+                                                      holdout.class_names)["pooled"],
+                          "probe on the train split": probe_map(backbone, train.images, train.labels, holdout)}
+    print(f"holdout mAP: {figures['holdout']}", flush=True)
     for seed in args.seeds:
         for t in args.t:
             run_spec = bench_spec(args.config, [*args.overrides, f"seed={seed}", f"federation.heterogeneity={t}"])
