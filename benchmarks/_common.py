@@ -288,6 +288,7 @@ class BareResult:
     startup_seconds: float                  # data, backbone, features, round-0 evaluation
     round_seconds: list[float] = field(default_factory=list)  # local updates + aggregation (+ evaluation)
     total_seconds: float = 0.0
+    curve: list[tuple[int, dict[str, float]]] = field(default_factory=list)  # (round, metrics) at each evaluation
 
 
 def run_bare(spec, threads: int = 1, on_round=None, processes: int = 1, eval_split: str = "test") -> BareResult:
@@ -373,6 +374,7 @@ def _bare_loop(spec, on_round, train, eval_split: str = "test") -> BareResult:
         client_states.update({u["client_id"]: u["local"] for u in updates if u["local"]})
         if round_index % fed.eval_every == 0 or round_index == fed.rounds:
             result.final = test_metrics(method, state, test_inputs, labels, task, cooccurring)
+            result.curve.append((round_index, result.final))
         result.round_seconds.append(time.perf_counter() - tic)
         on_round(round_index)
     result.total_seconds = time.perf_counter() - started
