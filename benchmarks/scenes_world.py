@@ -74,9 +74,9 @@ def main() -> None:
     spec = bench_spec(args.config, args.overrides)
     prepare_backbone(spec, progress=True)
     val = generate_scenes(VAL_SIZE, "val", spec.seed)
-    figures["zero_shot_val"] = zero_shot_maps(load_backbone(spec), val.images, val.labels, val.class_names)
-    print(f"zero-shot val mAP: {figures['zero_shot_val']}", flush=True)
     backbone = load_backbone(spec)
+    figures["zero_shot_val"] = zero_shot_maps(backbone, val.images, val.labels, val.class_names)
+    print(f"zero-shot val mAP: {figures['zero_shot_val']}", flush=True)
     train = generate_scenes(PROBE_SIZE, "train", spec.seed)
     more_val = generate_scenes(VAL_SIZE + PROBE_SIZE, "val", spec.seed)  # a prefix is the scored val set
     figures["probe_val"] = {
