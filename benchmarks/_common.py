@@ -34,6 +34,7 @@ from fedvlp.methods.base import ClientData, Task
 from fedvlp.platform import engine, tracking
 from fedvlp.platform.aggregation import RuleInputs, apply_rule
 from fedvlp.platform.metrics import cooccurring_pairs, multilabel_metrics, single_label_metrics
+from fedvlp.platform.pool import balance_cohort, client_costs
 from fedvlp.platform.sampling import sample_cohort
 from fedvlp.platform.worker import build_method, server_rules
 from fedvlp.seeding import torch_generator
@@ -302,9 +303,13 @@ def run_bare(spec, threads: int = 1, on_round=None, processes: int = 1, eval_spl
         if processes == 1:
             return _bare_loop(spec, on_round or (lambda *_: None), None, eval_split)
         context = multiprocessing.get_context("spawn")
+        cost = client_costs(spec, prepare_data(spec).parts)
         with context.Pool(processes, initializer=_bare_worker_start, initargs=(spec, threads)) as pool:
             def train(jobs: list) -> list[dict]:
-                shares = [jobs[i::processes] for i in range(processes)]
+                # the cohort split as fedvlp's workers split it: homes cid % processes, then balanced
+                cohort = [cid for _, _, cid, _, _ in jobs]
+                placed = balance_cohort(cohort, {cid: cid % processes for cid in cohort}, cost, processes)
+                shares = [[job for job in jobs if placed[job[2]] == w] for w in range(processes)]
                 return [u for share in pool.map(_bare_worker_updates, shares) for u in share]
             return _bare_loop(spec, on_round or (lambda *_: None), train, eval_split)
     finally:

@@ -10,7 +10,8 @@ the same way in all four: the global model on the test split before training and
                under the temp dir), a checkpoint every round; federation.eval_every = rounds.
   (b) bare     `_common.run_bare(spec, processes=2)`: the same pieces without Ray, MLflow or checkpoints;
                each round's cohort is split over 2 worker processes (spawned at start-up, one torch
-               thread each, as fedvlp's 2 workers), this process evaluates and aggregates: the same
+               thread each, as fedvlp's 2 workers) as fedvlp splits it (`balance_cohort`), this process
+               evaluates and aggregates: the same
                features (fedvlp's disk cache), cohorts, per-(round, client) generators, local updates and
                FedAvg. It should reach (a)'s final metrics exactly; the script prints whether it does.
   (c) flower   Flower's Simulation Engine (`flwr.simulation.run_simulation`, Ray backend, 2 actors of

@@ -159,6 +159,9 @@ class ResourcesSpec:
     startup_timeout_s: float = spec_field(
         600.0, "workers that have not loaded backbone and data by then fail loudly", gt=0)
     placement_timeout_s: float = spec_field(60.0, "fail if the run's actors cannot be placed within this", gt=0)
+    cohort_placement: Literal["balanced", "home"] = spec_field(
+        "balanced", "where a round's clients train: balanced (clients move from the busiest worker to the idlest "
+        "while that shortens the round) or home (client k on worker k mod P, its data never read elsewhere)")
     client_state_memory_mb: float = spec_field(
         1024.0, "client-local states the coordinator keeps in memory; the rest spill to disk under output_dir", ge=0)
 

@@ -23,8 +23,9 @@ from fedvlp.platform.engine import run_federated
 
 pytestmark = pytest.mark.usefixtures("tiny_clip")
 
-# 4 clients on 2 workers: client k lives on worker k mod 2
-FOUR_CLIENTS = ("federation.participation=1.0", "method.local_epochs=1", "resources.round_timeout_s=120")
+# 4 clients on 2 workers: client k trains on worker k mod 2, so a drill knows where to put its fault
+FOUR_CLIENTS = ("federation.participation=1.0", "method.local_epochs=1", "resources.round_timeout_s=120",
+                "resources.cohort_placement=home")
 
 
 def fault_in_round(fault_round: int, worker: int, client: int, kind: str, seconds: float = 1e6,

@@ -54,8 +54,11 @@ class Coordinator:
     def global_state(self) -> dict[str, torch.Tensor]:
         return self.state
 
-    def client_state_of(self, client_id: int) -> dict | None:
-        return self.client_states.get(client_id)
+    def cohort_client_states(self, client_ids: list[int]):
+        """The clients' local states as one object each: called with num_returns=len(client_ids), one call a round
+        instead of one per client (Ray returns a single object, not a list, when there is one)."""
+        states = [self.client_states.get(cid) for cid in client_ids]
+        return states if len(states) > 1 else states[0]
 
     def client_states_of(self, client_ids: list[int]) -> dict[int, dict | None]:
         return {cid: self.client_states.get(cid) for cid in client_ids}

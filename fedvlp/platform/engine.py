@@ -282,7 +282,7 @@ def _train_round(spec, round_index: int, coordinator, pool: WorkerPool, clock: V
 
 def _collect_updates(spec, round_index: int, cohort: list[int], coordinator, pool: WorkerPool,
                      secure: dict | None = None):
-    """Run the cohort's local updates, one task per client on its home worker.
+    """Run the cohort's local updates, one task per client on the worker `pool.place` gives it.
 
     Returns (the update refs that arrived, in client order; failures as (client, cause); late
     clients; workers replaced). A failed update (its worker died, it raised) is dropped or
@@ -297,11 +297,13 @@ def _collect_updates(spec, round_index: int, cohort: list[int], coordinator, poo
     deadline = None
     if federation.round_deadline_s is not None and not federation.virtual_clock.enabled:
         deadline = min(start + federation.round_deadline_s, give_up)
-    pending, attempts = {}, {cid: 0 for cid in cohort}
+    pending, attempts, placed = {}, {cid: 0 for cid in cohort}, pool.place(cohort)
+    state_refs = coordinator.cohort_client_states.options(num_returns=len(cohort)).remote(cohort)
+    client_states = dict(zip(cohort, state_refs if len(cohort) > 1 else [state_refs]))
 
     def submit(cid: int) -> None:
-        status, update, actor = pool.submit(round_index, cid, state_ref, coordinator.client_state_of.remote(cid),
-                                            deadline, secure)
+        status, update, actor = pool.submit(round_index, cid, placed[cid], state_ref, client_states[cid], deadline,
+                                            secure)
         pending[status] = (cid, update, actor)
 
     for cid in cohort:
@@ -319,8 +321,8 @@ def _collect_updates(spec, round_index: int, cohort: list[int], coordinator, poo
                 arrived[cid] = update
             continue
         except ray.exceptions.RayActorError as exc:
-            cause = f"worker {pool.home[cid]} died ({_first_line(exc)})"
-            replaced += pool.replace(pool.home[cid], actor)
+            cause = f"worker {placed[cid]} died ({_first_line(exc)})"
+            replaced += pool.replace(placed[cid], actor)
         except ray.exceptions.RayError as exc:
             cause = _first_line(getattr(exc, "cause", None) or exc)
         retry = federation.on_client_failure == "retry" and attempts[cid] < federation.client_retries
@@ -338,7 +340,7 @@ def _collect_updates(spec, round_index: int, cohort: list[int], coordinator, poo
         _warn(f"fedvlp: round {round_index}: client {cid} failed: {cause}; dropped")
         failures.append((cid, cause))
         if len(arrived) >= federation.min_clients_per_round:  # else the round fails: no use replacing
-            replaced += pool.replace(pool.home[cid], actor)
+            replaced += pool.replace(placed[cid], actor)
     return [arrived[cid] for cid in sorted(arrived)], failures, late, replaced
 
 

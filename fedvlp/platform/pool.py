@@ -1,11 +1,20 @@
-"""The worker pool: P ClientWorker actors, the home worker of every virtual client, and replacement.
+"""The worker pool: P ClientWorker actors, the home worker of every virtual client, the placement of a
+round's cohort, and replacement.
 
-Client k lives on worker k mod P for the whole run, so its data never moves. A worker that dies
-(killed, its process crashed, or hung past the round timeout) is replaced by a new actor in the
-same placement-group bundle, which loads the same backbone and the same clients' data and test
-blocks: its virtual clients move to the replacement unchanged.
+Client k's home is worker k mod P for the whole run: that worker keeps its training data and local test
+set. A round's cohort rarely divides evenly over the homes (10 of 50 clients land 7 and 3 on two workers
+as often as 5 and 5), and a round lasts as long as its busiest worker, so `balance_cohort` moves clients
+from the busiest worker to the idlest while that shortens the round (`resources.cohort_placement:
+balanced`, the default). A visiting client's features are read from the training set every worker
+holds zero-copy in the object store; its result does not depend on where it trains (its randomness is
+keyed by seed, round and client). A worker that dies (killed, its process crashed, or hung past the
+round timeout) is replaced by a new actor in the same placement-group bundle, which loads the same
+backbone and the same clients' data and test blocks: its virtual clients move to the replacement
+unchanged.
 """
 from __future__ import annotations
+
+import math
 
 import numpy as np
 import ray
@@ -36,6 +45,7 @@ class WorkerPool:
         self.replacements = 0  # over the whole run
         self._data: list[tuple] = []  # per worker: the arguments of its `attach`
         self.home: dict[int, int] = {}
+        self.cost: list[int] = []  # per client: local steps per epoch, what `balance_cohort` weighs
         self.local_test_clients: set[int] = set()
         if reuse:  # the workers a finished run left in this placement group, started afresh in their processes
             wait_all([actor.reset.remote(spec, w, task) for w, actor in enumerate(reuse)], "reset of the reused client "
@@ -64,18 +74,26 @@ class WorkerPool:
         blocks (blocks of EVAL_BLOCK samples of every evaluation set, dealt round-robin over the workers)."""
         count = len(self.actors)
         self.home = {cid: cid % count for cid in range(len(parts))}
+        self.cost = client_costs(self.spec, parts)
+        parts_ref = ray.put(list(parts))  # every client's training indices: any worker can train a visiting client
         blocks = [(s, s + EVAL_BLOCK) for s in range(0, eval_size, EVAL_BLOCK)]
         self._data = [(train_ref, holdout_ref,
                        {c: (parts[c], local_tests[c]) for c in self.home if self.home[c] == w},
-                       eval_ref, blocks[w::count]) for w in range(count)]
+                       eval_ref, blocks[w::count], parts_ref) for w in range(count)]
         wait_all([actor.attach.remote(*self._data[w]) for w, actor in enumerate(self.actors)],
                  "loading client data", self.spec.resources.startup_timeout_s, "resources.startup_timeout_s")
         self.local_test_clients = {c for c in self.home if len(local_tests[c])}
 
-    def submit(self, round_index: int, client_id: int, state_ref, client_state_ref, deadline: float | None,
-               secure: dict | None = None):
-        """(status ref, update ref, the actor it went to) of one client's local update on its home worker."""
-        actor = self.actors[self.home[client_id]]
+    def place(self, cohort: list[int]) -> dict[int, int]:
+        """The worker index each client of the cohort trains on this round (`resources.cohort_placement`)."""
+        if self.spec.resources.cohort_placement == "home":
+            return {cid: self.home[cid] for cid in cohort}
+        return balance_cohort(cohort, self.home, self.cost, len(self.actors))
+
+    def submit(self, round_index: int, client_id: int, worker: int, state_ref, client_state_ref,
+               deadline: float | None, secure: dict | None = None):
+        """(status ref, update ref, the actor it went to) of one client's local update on worker `worker`."""
+        actor = self.actors[worker]
         status, update = actor.train_client.remote(round_index, client_id, state_ref, client_state_ref, deadline,
                                                    secure)
         return status, update, actor
@@ -111,6 +129,35 @@ class WorkerPool:
                 if not _alive(actor):
                     self.replace(index, actor)
             return wait_all([call(a) for a in self.actors], what, self.spec.resources.round_timeout_s)
+
+
+def client_costs(spec, parts: list[np.ndarray]) -> list[int]:
+    """Each client's work in a round, as `balance_cohort` weighs it: its local steps per epoch (every client of a
+    run trains the same epochs, and a step costs about the same whatever its batch's size)."""
+    batch = getattr(spec.method.params, "batch_size", 1)
+    return [math.ceil(len(p) / batch) for p in parts]
+
+
+def balance_cohort(cohort: list[int], home: dict[int, int], cost: list[int], workers: int) -> dict[int, int]:
+    """Each cohort client's worker: its home, except where moving a client from the busiest worker to the idlest
+    shortens the longer of the two. Of the clients that could move, the one that leaves the two closest to even
+    (the lowest id on a tie). Deterministic, and it ends: every move lowers the sum of squared loads.
+    `cost[c]` is client c's work (local steps per epoch)."""
+    placed = {cid: home[cid] for cid in cohort}
+    load = [0] * workers
+    for cid in cohort:
+        load[placed[cid]] += cost[cid]
+    while True:
+        busiest = max(range(workers), key=lambda w: (load[w], -w))
+        idlest = min(range(workers), key=lambda w: (load[w], w))
+        movable = [(max(load[busiest] - cost[c], load[idlest] + cost[c]), c)
+                   for c in sorted(placed) if placed[c] == busiest]
+        longer, cid = min(movable, default=(load[busiest], -1))
+        if longer >= load[busiest]:
+            return placed
+        placed[cid] = idlest
+        load[busiest] -= cost[cid]
+        load[idlest] += cost[cid]
 
 
 def _alive(actor) -> bool:

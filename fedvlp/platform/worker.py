@@ -63,7 +63,9 @@ class ClientWorker:
         self.device = torch.device("cuda" if gpu_ids and torch.cuda.is_available() else "cpu")
         self.backbone: Any = load_backbone(spec, self.device)  # CLIP or ViLT, as the method's feature_kind says
         self.method = build_method(spec, self.backbone, task).to(self.device)
-        self.clients: dict[int, ClientData] = {}
+        self.clients: dict[int, ClientData] = {}  # the clients whose home this worker is
+        self.train: tuple = ()  # the whole training set (zero-copy from the object store) and every client's indices,
+        self.parts: list[np.ndarray] = []  # for the clients a balanced round sends here from a busier worker
         self.local_tests: dict[int, ClientData] = {}
         self.eval_blocks: dict[str, list[tuple[int, object]]] = {}
         self.faults: dict[tuple[int, int], tuple] = {}  # (round, client) -> injected fault (`inject_fault`)
@@ -117,14 +119,16 @@ class ClientWorker:
                           torch.from_numpy(labels[indices].astype(dtype)).to(self.device))
 
     def attach(self, train: tuple, holdout: tuple, clients: dict[int, tuple[np.ndarray, np.ndarray]],
-               eval_sets: dict[str, tuple], eval_blocks: list[tuple[int, int]]) -> list[int]:
+               eval_sets: dict[str, tuple], eval_blocks: list[tuple[int, int]], parts: list[np.ndarray]) -> list[int]:
         """Keep this worker's clients' training data and local test sets, and its blocks of every evaluation set.
 
         `train` and `holdout` are (features, labels, missing table or None); `clients` maps each of this
         worker's clients to (its training indices, its held-out-pool indices); `eval_sets` maps each
-        evaluation set ("val", "test", "test_full", ...) to (features, missing table or None).
+        evaluation set ("val", "test", "test_full", ...) to (features, missing table or None); `parts` holds
+        every client's training indices, so that a visiting client's data can be read from `train`.
         """
         self.clients = {cid: self._client_data(train, idx) for cid, (idx, _) in clients.items()}
+        self.train, self.parts = train, parts
         self.local_tests = {cid: self._client_data(holdout, idx) for cid, (_, idx) in clients.items() if len(idx)}
         self.eval_blocks = {
             name: [(start, self._inputs(f[start:end], None if m is None else m[start:end]))
@@ -136,7 +140,9 @@ class ClientWorker:
     @ray.method(num_returns=2)
     def train_client(self, round_index: int, client_id: int, global_state: dict, client_state: dict | None,
                      deadline: float | None = None, secure: dict | None = None) -> tuple[dict, ClientUpdate | None]:
-        """One client's local update: (a small status for the driver, the update for the coordinator).
+        """One client's local update: (a small status for the driver, the update for the coordinator). The client
+        is one of this worker's own or a visitor from a busier worker (`balance_cohort`), whose data is read from
+        the shared training set for this update only.
 
         A client whose turn comes after the round's wall-clock deadline is skipped: its update
         would be left out anyway. Under secure aggregation (`secure`: the round's cohort, the weight
@@ -148,7 +154,8 @@ class ClientWorker:
         self._injected_fault(round_index, client_id)
         started = time.time()
         self.method.load(_to(global_state, self.device), _to_optional(client_state, self.device))
-        data = self.clients[client_id]
+        data = (self.clients[client_id] if client_id in self.clients  # its home, or a visitor's data for this update
+                else self._client_data(self.train, self.parts[client_id]))
         result = self.method.local_update(data, torch_generator(self.spec.seed, "client", round_index, client_id))
         state = _to(self.method.global_state(), "cpu")
         masked = None

@@ -1,0 +1,68 @@
+"""The placement of a round's cohort on the workers (`balance_cohort`), by hand and on real actors."""
+import itertools
+
+import numpy as np
+import pytest
+import torch
+from conftest import small_run
+
+from fedvlp.platform.engine import run_federated
+from fedvlp.platform.pool import balance_cohort
+
+
+def loads(placed: dict[int, int], cost: list[int], workers: int) -> list[int]:
+    out = [0] * workers
+    for cid, worker in placed.items():
+        out[worker] += cost[cid]
+    return out
+
+
+def test_an_uneven_cohort_is_evened_out_by_the_move_that_leaves_the_two_closest():
+    # clients 0, 2, 4, 6 are homed on worker 0 (loads 4 + 3 + 2 + 1 = 10), client 1 on worker 1 (load 2)
+    home = {c: c % 2 for c in range(8)}
+    cost = [4, 2, 3, 9, 2, 9, 1, 9]
+    placed = balance_cohort([0, 1, 2, 4, 6], home, cost, 2)
+    # moving client 0 (4 steps) gives 6 and 6 at once; client 2 (3) would give 7 and 5, client 4 (2) 8 and 4
+    assert placed == {0: 1, 1: 1, 2: 0, 4: 0, 6: 0}
+    assert loads(placed, cost, 2) == [6, 6]
+
+
+def test_a_balanced_cohort_stays_at_home():
+    home = {c: c % 2 for c in range(4)}
+    assert balance_cohort([0, 1, 2, 3], home, [5, 5, 5, 5], 2) == home
+    # a move that would only swap which worker is busiest is not made
+    assert balance_cohort([0, 1], home, [5, 3], 2) == {0: 0, 1: 1}
+    assert balance_cohort([0, 2], {0: 0, 2: 0}, [5, 0, 0], 1) == {0: 0, 2: 0}  # one worker: nowhere to go
+
+
+def test_balancing_never_lengthens_a_round_and_reaches_the_best_split_of_small_cohorts():
+    rng = np.random.default_rng(0)
+    for _ in range(200):
+        workers = int(rng.integers(2, 4))
+        cost = [int(c) for c in rng.integers(1, 12, 30)]
+        home = {c: c % workers for c in range(30)}
+        cohort = sorted(int(c) for c in rng.choice(30, int(rng.integers(1, 7)), replace=False))
+        placed = balance_cohort(cohort, home, cost, workers)
+        assert sorted(placed) == cohort
+        assert placed == balance_cohort(cohort, home, cost, workers)  # deterministic
+        at_home = max(loads({c: home[c] for c in cohort}, cost, workers))
+        balanced = max(loads(placed, cost, workers))
+        assert balanced <= at_home
+        if workers == 2:  # within one client's cost of the best split, found by brute force
+            best = min(max(loads(dict(zip(cohort, split)), cost, 2)) for split in itertools.product(range(2),
+                                                                                                     repeat=len(cohort)))
+            assert balanced <= best + max(cost[c] for c in cohort)
+
+
+@pytest.mark.usefixtures("tiny_clip")
+def test_clients_trained_away_from_home_give_the_run_it_has_at_home(ray_cluster, tracking_uri, tmp_path):
+    """A visiting client reads its data from the shared training set and trains from its own (seed, round, client)
+    stream, so a balanced run ends bitwise where the home-only run ends."""
+    args = ("federation.clients=6", "federation.participation=0.5", "federation.rounds=3", "method.local_epochs=1")
+    balanced = run_federated(small_run(tracking_uri, tmp_path, *args), progress=False)
+    home = run_federated(small_run(tracking_uri, tmp_path, *args, "resources.cohort_placement=home"), progress=False)
+    visits = [(cid, worker) for h in balanced.history for cid, worker, *_ in h["timings"] if worker != cid % 2]
+    assert visits, "no client trained away from its home worker: the test checks nothing"
+    assert all(worker == cid % 2 for h in home.history for cid, worker, *_ in h["timings"])
+    assert balanced.final == home.final and balanced.initial == home.initial
+    assert all(torch.equal(balanced.final_state[k], home.final_state[k]) for k in home.final_state)
