@@ -43,8 +43,12 @@ simulation runs on the Ray fedvlp already installs). Without flwr, they are skip
 switched off (FLWR_TELEMETRY_ENABLED=0). The frozen features must be cached for (a) and (b) to read the
 same ones: the script fills fedvlp's feature cache before timing anything.
 
+With --repeats R every arm runs R times per length, in alternating order (forward, then backward), and reports
+its run of median total time: on a machine whose speed drifts (this project's 2 cores vary by 20-30 % from one
+minute to the next) that keeps the ratios from resting on which arm ran in a fast minute.
+
 Run: python benchmarks/overhead.py [--methods promptfl fedmpt] [--arms fedvlp bare flower flower_cached]
-     [--clients 50] [--participation 0.2] [--rounds 20 200] [--workers 2]
+     [--clients 50] [--participation 0.2] [--rounds 20 200] [--workers 2] [--repeats 1]
 Writes benchmarks/results/overhead.json.
 """
 from __future__ import annotations
@@ -281,6 +285,11 @@ def _sum_by(results: list[dict], key: str) -> dict:
 
 # ---------------------------------------------------------------- report
 
+def median_run(runs: list[dict]) -> dict:
+    """The run of median total time (the lower middle one of an even count), so its figures stay one run's."""
+    return sorted(runs, key=lambda r: r["total_s"])[(len(runs) - 1) // 2]
+
+
 def flower_available() -> bool:
     try:
         import flwr.simulation  # noqa: F401
@@ -348,6 +357,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, nargs="+", default=[20, 200],
                         help="run lengths, each a separate run of every arm")
     parser.add_argument("--workers", type=int, default=2, help="fedvlp workers = bare-loop processes = Flower actors")
+    parser.add_argument("--repeats", type=int, default=1,
+                        help="runs of every arm, in alternating order; each arm reports its run of median total time")
     args = parser.parse_args()
     arms = list(args.arms)
     if any(arm in FLOWER_ARMS for arm in arms) and not flower_available():
@@ -364,14 +375,20 @@ def main() -> None:
             args.rounds = rounds
             spec = workload_spec(method, args)
             warm_feature_cache(spec)
-            results = {}
-            for arm in arms:
-                load = os.getloadavg()[0]
-                results[arm] = runners[arm](spec)
-                results[arm]["load_average_before"] = round(load, 2)
-                print(f"  {method} {arm}, {rounds} rounds: {results[arm]['total_s']:.1f} s", flush=True)
+            runs: dict[str, list[dict]] = {arm: [] for arm in arms}
+            for repeat in range(args.repeats):  # alternating order: a drift in the machine's speed reaches every arm
+                for arm in arms if repeat % 2 == 0 else arms[::-1]:
+                    load = os.getloadavg()[0]
+                    runs[arm].append({**runners[arm](spec), "load_average_before": round(load, 2)})
+                    print(f"  {method} {arm}, {rounds} rounds: {runs[arm][-1]['total_s']:.1f} s", flush=True)
+            results = {arm: median_run(arm_runs) for arm, arm_runs in runs.items()}
+            if args.repeats > 1:
+                print("  totals over the repeats (s): " + "; ".join(
+                    f"{arm} " + " / ".join(f"{r['total_s']:.1f}" for r in arm_runs) for arm, arm_runs in runs.items()))
             ratios = print_method(method, results, args)
-            figures["methods"].setdefault(method, {})[f"{rounds}_rounds"] = {"arms": results, "ratios": ratios}
+            totals = {arm: [r["total_s"] for r in arm_runs] for arm, arm_runs in runs.items()}
+            figures["methods"].setdefault(method, {})[f"{rounds}_rounds"] = {"arms": results, "ratios": ratios,
+                                                                             "totals_s": totals}
     common.write_results("overhead", figures)
 
 

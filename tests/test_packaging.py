@@ -45,8 +45,8 @@ def imported_modules(folder: Path) -> dict[str, set[str]]:
 def _undeclared(folder: str, allowed: set[str]) -> dict[str, set[str]]:
     missing = {}
     for module, files in imported_modules(REPO / folder).items():
-        if module in sys.stdlib_module_names or module in LOCAL:
-            continue
+        if module in sys.stdlib_module_names or module in LOCAL or (REPO / folder / f"{module}.py").exists():
+            continue  # the standard library, fedvlp's own, or a sibling script (placement.py imports overhead.py)
         distributions = {d.lower().replace("_", "-") for d in PROVIDERS.get(module, [module])}
         if not distributions & allowed:
             missing[f"{module} (from {', '.join(sorted(distributions))})"] = files
