@@ -64,8 +64,10 @@ class ClientWorker:
         self.backbone: Any = load_backbone(spec, self.device)  # CLIP or ViLT, as the method's feature_kind says
         self.method = build_method(spec, self.backbone, task).to(self.device)
         self.clients: dict[int, ClientData] = {}  # the clients whose home this worker is
-        self.train: tuple = ()  # the whole training set (zero-copy from the object store) and every client's indices,
-        self.parts: list[np.ndarray] = []  # for the clients a balanced round sends here from a busier worker
+        # The whole training set (zero-copy from the object store) and every client's indices: the data of a client
+        # that a balanced round sends here from a busier worker.
+        self.train: tuple = ()
+        self.parts: list[np.ndarray] = []
         self.local_tests: dict[int, ClientData] = {}
         self.eval_blocks: dict[str, list[tuple[int, object]]] = {}
         self.faults: dict[tuple[int, int], tuple] = {}  # (round, client) -> injected fault (`inject_fault`)
