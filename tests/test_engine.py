@@ -151,10 +151,15 @@ def test_zeroshot_is_the_untrained_starting_point_of_promptfl(ray_cluster, track
 
 @pytest.mark.usefixtures("tiny_clip")
 def test_same_seed_same_metrics_with_one_or_two_workers(ray_cluster, tracking_uri, tmp_path):
+    """Rounds 1 and 2 sample clients 1, 3 and then 0, 2, both homed on one of the two workers: the balanced
+    placement sends one of them to the other worker, which reads its data from the shared training set. A client's
+    update does not depend on where it trains, so the run equals the one-worker run bitwise."""
     one = run_federated(small_run(tracking_uri, tmp_path, "resources.workers=1", "federation.participation=0.5"),
                         progress=False)
     two = run_federated(small_run(tracking_uri, tmp_path, "resources.workers=2", "federation.participation=0.5"),
                         progress=False)
+    visits = [cid for h in two.history for cid, worker, *_ in h["timings"] if worker != cid % 2]
+    assert len(visits) == 2  # one visitor a round
     assert one.final == two.final and one.initial == two.initial
     assert all(torch.equal(one.final_state[k], two.final_state[k]) for k in one.final_state)
     assert [h["train_loss"] for h in one.history] == [h["train_loss"] for h in two.history]

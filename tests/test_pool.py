@@ -1,12 +1,9 @@
-"""The placement of a round's cohort on the workers (`balance_cohort`), by hand and on real actors."""
+"""The placement of a round's cohort on the workers (`balance_cohort`), by hand; on real actors in
+test_engine.py::test_same_seed_same_metrics_with_one_or_two_workers."""
 import itertools
 
 import numpy as np
-import pytest
-import torch
-from conftest import small_run
 
-from fedvlp.platform.engine import run_federated
 from fedvlp.platform.pool import balance_cohort
 
 
@@ -52,17 +49,3 @@ def test_balancing_never_lengthens_a_round_and_reaches_the_best_split_of_small_c
             best = min(max(loads(dict(zip(cohort, split)), cost, 2)) for split in itertools.product(range(2),
                                                                                                      repeat=len(cohort)))
             assert balanced <= best + max(cost[c] for c in cohort)
-
-
-@pytest.mark.usefixtures("tiny_clip")
-def test_clients_trained_away_from_home_give_the_run_it_has_at_home(ray_cluster, tracking_uri, tmp_path):
-    """A visiting client reads its data from the shared training set and trains from its own (seed, round, client)
-    stream, so a balanced run ends bitwise where the home-only run ends."""
-    args = ("federation.clients=6", "federation.participation=0.5", "federation.rounds=3", "method.local_epochs=1")
-    balanced = run_federated(small_run(tracking_uri, tmp_path, *args), progress=False)
-    home = run_federated(small_run(tracking_uri, tmp_path, *args, "resources.cohort_placement=home"), progress=False)
-    visits = [(cid, worker) for h in balanced.history for cid, worker, *_ in h["timings"] if worker != cid % 2]
-    assert visits, "no client trained away from its home worker: the test checks nothing"
-    assert all(worker == cid % 2 for h in home.history for cid, worker, *_ in h["timings"])
-    assert balanced.final == home.final and balanced.initial == home.initial
-    assert all(torch.equal(balanced.final_state[k], home.final_state[k]) for k in home.final_state)
