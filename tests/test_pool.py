@@ -32,7 +32,7 @@ def test_a_balanced_cohort_stays_at_home():
     assert balance_cohort([0, 2], {0: 0, 2: 0}, [5, 0, 0], 1) == {0: 0, 2: 0}  # one worker: nowhere to go
 
 
-def test_balancing_never_lengthens_a_round_and_reaches_the_best_split_of_small_cohorts():
+def test_balancing_never_lengthens_a_round_and_stays_within_one_client_of_the_best_split():
     rng = np.random.default_rng(0)
     for _ in range(200):
         workers = int(rng.integers(2, 4))
