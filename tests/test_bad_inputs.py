@@ -3,15 +3,18 @@
 1. exit non-zero,
 2. end stderr with one line `fedvlp: error: ...` naming the field or path and what was expected, with no traceback,
 3. leave no Ray process behind,
-4. leave no MLflow run RUNNING.
+4. leave no MLflow run RUNNING, and create none at all where it fails before the cluster.
 
 Most cases fail at config load, long before any Ray work: they run in this process, and are checked never to
 reach Ray at all. A representative few (`THROUGH_THE_CLI`) run as a real `fedvlp` process with a private Ray
 temp dir, so only their own Ray processes are counted; `starts_ray` marks those that fail inside a running
-cluster, and the others are checked never to have started one.
+cluster, and the others are checked never to have started one, nor to print anything but the error line.
+Real backbones whose weights are not on the machine fail in the driver too: their cases look in their own empty
+Hugging Face cache, and the last tests check that weights laid out where the loaders look pass.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -26,6 +29,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+import torch
 from test_readers import COLOURS, coco_json, voc_tree, write_image, write_json, write_text
 
 REPO = Path(__file__).resolve().parent.parent
@@ -118,6 +122,26 @@ def without(key: str) -> Callable[[dict], None]:
     return lambda data: data.pop(key)
 
 
+def fedmpt_voc2007(tmp: Path) -> list[str]:
+    """The README's real-data run as a new user types it, on a tiny VOC2007 tree (3 training images: 2 clients)."""
+    return ["run", "fedmpt_voc2007", "--set", f"data.root={voc_tree(tmp)}", "--set", "resources.workers=1",
+            "--set", "resources.num_cpus=1", "--set", "resources.num_gpus=0", "--set", "federation.clients=2"]
+
+
+def fedprime_recipes_with(*overrides: str, folder: str | None = None) -> Callable[[Path], list[str]]:
+    """A small FED-PRIME run on synthetic recipes; `folder` is made empty under the case's temp dir first."""
+    def build(tmp: Path) -> list[str]:
+        if folder:
+            (tmp / folder).mkdir()
+        sets = [a for o in overrides for a in ("--set", o.replace("{tmp}", str(tmp)))]
+        return ["run", "fedprime_recipes", *SMALL_RUN, *sets]
+    return build
+
+
+# A real backbone's weights looked up in the case's own empty Hugging Face cache, never this machine's.
+EMPTY_HF_CACHE = {"HF_HOME": "{tmp}/hf"}
+
+
 # --------------------------------------------------------------------------- the table
 
 @dataclass(frozen=True)
@@ -166,6 +190,21 @@ CASES = [
     case("dataset-root-missing", run_with("data.name=voc2007", "data.root=/nonexistent/voc"),
          "data.root: /nonexistent/voc is not a directory", "expected the voc2007 dataset root"),
     case("dataset-root-not-given", run_with("data.name=coco2014"), "data.root: required for coco2014"),
+    case("clip-weights-not-on-this-machine", fedmpt_voc2007,
+         "backbone.pretrained: the 'openai' weights of backbone.name ViT-B-16 are not on this machine",
+         "looked for timm/vit_base_patch16_clip_224.openai in the Hugging Face cache",
+         "copy the Hugging Face cache ({tmp}/hf/hub) here, or set backbone.pretrained to a local checkpoint file",
+         env=EMPTY_HF_CACHE),
+    case("vilt-weights-not-on-this-machine", fedprime_recipes_with("backbone.name=dandelin/vilt-b32-mlm"),
+         "backbone.name dandelin/vilt-b32-mlm: ViLT files not on this machine: config.json; tokenizer.json or "
+         "vocab.txt; model.safetensors or pytorch_model.bin (looked in the Hugging Face cache {tmp}/hf/hub)",
+         "set backbone.pretrained (or backbone.name) to DIR", env=EMPTY_HF_CACHE),
+    case("random-vilt-without-its-config",
+         fedprime_recipes_with("backbone.name={tmp}/my-vilt", "backbone.pretrained=none", folder="my-vilt"),
+         "backbone.name {tmp}/my-vilt: ViLT files not on this machine (backbone.pretrained none still needs the "
+         "config and tokenizer): config.json; tokenizer.json or vocab.txt (looked in {tmp}/my-vilt)"),
+    case("unknown-open-clip-model", run_with("backbone.name=ViT-Z-99", "backbone.pretrained=none"),
+         "backbone.name: unknown open_clip model 'ViT-Z-99'"),
     case("backbone-checkpoint-missing", lambda tmp: run_with(f"backbone.pretrained={tmp}/nope.pt", *SMALL)(tmp),
          "backbone.pretrained: {tmp}/nope.pt does not exist", "expected an existing checkpoint file"),
     # ---- config files
@@ -256,7 +295,8 @@ def ray_processes(ray_dir: str) -> list[psutil.Process]:
     return found
 
 
-def running_runs(db: Path) -> list[str]:
+def run_ids(db: Path, where: str = "") -> list[str]:
+    """The store's runs (those matching the MLflow filter `where`)."""
     if not db.exists():
         return []
     from mlflow import MlflowClient
@@ -266,12 +306,16 @@ def running_runs(db: Path) -> list[str]:
     experiments = [e.experiment_id for e in client.search_experiments(view_type=ViewType.ALL)]
     if not experiments:
         return []
-    runs = client.search_runs(experiments, "attributes.status = 'RUNNING'", run_view_type=ViewType.ALL)
-    return [r.info.run_id for r in runs]
+    return [r.info.run_id for r in client.search_runs(experiments, where, run_view_type=ViewType.ALL)]
+
+
+def running_runs(db: Path) -> list[str]:
+    return run_ids(db, "attributes.status = 'RUNNING'")
 
 
 THROUGH_THE_CLI = {"unknown-method", "voc-xml-missing-name", "corrupt-image", "more-gpus-than-the-machine",
-                   "mlflow-unreachable-env", "resume-unknown-run", "space-unknown-dotted-key"}
+                   "mlflow-unreachable-env", "resume-unknown-run", "space-unknown-dotted-key",
+                   "clip-weights-not-on-this-machine", "vilt-weights-not-on-this-machine"}
 
 
 @pytest.mark.parametrize("bad", CASES, ids=[c.id for c in CASES])
@@ -280,6 +324,7 @@ def test_bad_input_is_one_clear_line(bad: Case, tmp_path, empty_store, monkeypat
         request.getfixturevalue("tiny_clip")  # it reaches the workers, which load the tiny CLIP
     shutil.copy(empty_store, tmp_path / "mlflow.db")
     argv = bad.argv(tmp_path)
+    runs_before = run_ids(tmp_path / "mlflow.db")
     if bad.id in THROUGH_THE_CLI:
         code, stderr, leftover, ray_started = _through_the_cli(bad, argv, tmp_path)
     else:
@@ -290,11 +335,19 @@ def test_bad_input_is_one_clear_line(bad: Case, tmp_path, empty_store, monkeypat
     assert code != 0, context
     assert last.startswith(ERROR_PREFIX), context
     assert "Traceback" not in stderr, context
+    if bad.id in THROUGH_THE_CLI and not bad.starts_ray:  # a process that fails before the cluster says only that
+        assert len(lines) == 1, context
     for part in bad.expect:
         assert part.replace("{tmp}", str(tmp_path)) in last, f"{part!r} not in the error line\n{context}"
     assert not leftover, f"Ray processes left behind: {leftover}\n{context}"
     assert ray_started == bad.starts_ray, f"Ray {'did not start' if bad.starts_ray else 'started'}\n{context}"
     assert running_runs(tmp_path / "mlflow.db") == [], context
+    if not bad.starts_ray:  # it failed before the engine opens its MLflow run
+        assert run_ids(tmp_path / "mlflow.db") == runs_before, context
+
+
+def case_env(bad: Case, tmp_path: Path) -> dict[str, str]:
+    return {key: value.replace("{tmp}", str(tmp_path)) for key, value in bad.env}
 
 
 def _in_process(bad: Case, argv: list[str], tmp_path: Path, monkeypatch, capsys):
@@ -304,7 +357,7 @@ def _in_process(bad: Case, argv: list[str], tmp_path: Path, monkeypatch, capsys)
 
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("MLFLOW_TRACKING_URI", tracking_uri(tmp_path))
-    for key, value in bad.env:
+    for key, value in case_env(bad, tmp_path).items():
         monkeypatch.setenv(key, value)
     reached = []
 
@@ -324,7 +377,7 @@ def _through_the_cli(bad: Case, argv: list[str], tmp_path: Path):
     env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "MLFLOW_TRACKING_URI")}
     env.update(HF_HUB_OFFLINE="1", PYTHONPATH=str(REPO), RAY_TMPDIR=ray_dir, MLFLOW_TRACKING_URI=tracking_uri(tmp_path),
                FEDVLP_CACHE_DIR=os.environ["FEDVLP_CACHE_DIR"])
-    env.update(dict(bad.env))
+    env.update(case_env(bad, tmp_path))
     try:
         proc = subprocess.run([sys.executable, "-m", "fedvlp", *argv], cwd=tmp_path, env=env,
                               capture_output=True, text=True, timeout=150)
@@ -343,3 +396,98 @@ def _through_the_cli(bad: Case, argv: list[str], tmp_path: Path):
 def test_enough_cases():
     assert len(CASES) >= 28 and len({c.id for c in CASES}) == len(CASES)
     assert THROUGH_THE_CLI <= {c.id for c in CASES}
+
+
+# --------------------------------------------------------------------------- weights the driver's check must find
+
+def hf_cache_snapshot(hf_home: Path, repo: str) -> Path:
+    """The folder of `repo`'s main-branch files in a Hugging Face cache laid out as huggingface_hub writes it:
+    hub/models--ORG--NAME, whose refs/main names the commit whose snapshot folder holds the files."""
+    commit = hashlib.sha1(repo.encode()).hexdigest()
+    folder = hf_home / "hub" / f"models--{repo.replace('/', '--')}"
+    write_text(folder / "refs" / "main", commit)
+    (folder / "snapshots" / commit).mkdir(parents=True)
+    return folder / "snapshots" / commit
+
+
+DRIVER_CHECK = """
+from fedvlp.config import load_spec
+from fedvlp.backbones import load_backbone, prepare_backbone
+for overrides in {runs!r}:
+    spec = load_spec({config!r}, overrides)
+    try:
+        prepare_backbone(spec, progress=False)
+    except Exception as exc:
+        print(type(exc).__name__, exc)
+    else:
+        print("found", {then})
+"""
+
+
+def driver_check(hf_home: Path, config: str, runs: list[list[str]], then: str = "''") -> list[str]:
+    """The driver's `prepare_backbone` on each run's overrides of `config`, in a fresh process whose Hugging Face
+    cache is `hf_home` (huggingface_hub reads it at import): 'found' and `then` (an expression of `spec`) where it
+    passes, else the error. One line per run."""
+    env = {**os.environ, "HF_HOME": str(hf_home), "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(REPO)}
+    proc = subprocess.run([sys.executable, "-c", DRIVER_CHECK.format(runs=runs, config=config, then=then)],
+                          env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc.stdout.splitlines()
+
+
+def test_real_clip_weights_in_the_hf_cache_or_a_local_file_pass_the_driver_check(tmp_path):
+    from safetensors.torch import save_file
+
+    # open_clip looks for the tag's hub file, safetensors first, in the HF cache: a real (tiny) file there passes.
+    tensors = {"proj": torch.arange(4.0)}
+    save_file(tensors, hf_cache_snapshot(tmp_path / "hf", "timm/vit_base_patch16_clip_224.openai")
+              / "open_clip_model.safetensors")
+    save_file(tensors, tmp_path / "ViT-B-16.safetensors")
+    runs = [[f"data.root={tmp_path}"],
+            [f"data.root={tmp_path}", "backbone.pretrained=laion2b_s34b_b88k"],      # another tag: not there
+            [f"data.root={tmp_path}", f"backbone.pretrained={tmp_path / 'ViT-B-16.safetensors'}"],
+            [f"data.root={tmp_path}", f"backbone.pretrained={tmp_path}"]]
+    openai, laion, local_file, folder = driver_check(tmp_path / "hf", "fedmpt_voc2007", runs)
+    assert openai == "found " and local_file == "found ", (openai, local_file)
+    assert laion.startswith("BackboneError backbone.pretrained: the 'laion2b_s34b_b88k' weights of backbone.name "
+                            "ViT-B-16 are not on this machine"), laion
+    assert "in the Hugging Face cache); " in laion and f"({tmp_path}/hf/hub) here" in laion, laion
+    assert folder == (f"BackboneError backbone.pretrained: {tmp_path} is a directory; expected an open_clip "
+                      f"checkpoint file or an open_clip tag of ViT-B-16")
+
+
+def test_a_real_vilt_in_the_hf_cache_passes_the_driver_check_and_is_what_the_loader_loads(tmp_path):
+    from fedvlp.backbones.vilt import create_vilt
+
+    # fedvlp's tiny ViLT architecture saved where transformers keeps two real ViLTs, one without its weights
+    torch.manual_seed(0)
+    tiny = create_vilt()
+    for repo in ("dandelin/vilt-b32-mlm", "dandelin/vilt-b32-finetuned-vqa"):
+        snapshot = hf_cache_snapshot(tmp_path / "hf", repo)
+        tiny.model.save_pretrained(snapshot)
+        tiny.tokenizer.save_pretrained(snapshot)
+    (snapshot / "model.safetensors").unlink()
+    runs = [["backbone.name=dandelin/vilt-b32-mlm"], ["backbone.name=dandelin/vilt-b32-finetuned-vqa"],
+            ["backbone.name=dandelin/vilt-b32-finetuned-vqa", "backbone.pretrained=none"]]
+    loaded = "((b := load_backbone(spec)).hidden_size, float(b.model.pooler.dense.weight.sum()))"
+    mlm, vqa, vqa_random = driver_check(tmp_path / "hf", "fedprime_recipes", runs, then=loaded)
+    assert mlm == f"found {(128, float(tiny.model.pooler.dense.weight.sum()))}", mlm   # the very weights saved
+    assert vqa.startswith("BackboneError backbone.name dandelin/vilt-b32-finetuned-vqa: ViLT files not on this "
+                          "machine: model.safetensors or pytorch_model.bin (looked in the Hugging Face cache "
+                          f"{tmp_path}/hf/hub); download it where there is internet"), vqa
+    assert vqa.endswith("set backbone.pretrained (or backbone.name) to DIR"), vqa
+    assert vqa_random.startswith("found (128, ") and vqa_random != mlm, vqa_random   # config and tokenizer suffice
+
+
+def test_a_remote_cluster_skips_the_driver_check(tmp_path, monkeypatch):
+    """Under RAY_ADDRESS the workers run elsewhere and look in their own caches: this machine's lack no proof."""
+    from fedvlp.backbones import prepare_backbone
+    from fedvlp.config import load_spec
+    from fedvlp.errors import BackboneError
+
+    (tmp_path / "my-vilt").mkdir()
+    spec = load_spec("fedprime_recipes", [f"backbone.name={tmp_path / 'my-vilt'}"])
+    with pytest.raises(BackboneError, match="ViLT files not on this machine: config.json"):
+        prepare_backbone(spec, progress=False)
+    monkeypatch.setenv("RAY_ADDRESS", "ray://head.elsewhere:10001")
+    prepare_backbone(spec, progress=False)

@@ -5,6 +5,7 @@ seconds to import and transformers' ViLT about 0.7, and every run starts several
 """
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -44,17 +45,40 @@ def _fedvlp_pretrained(spec) -> bool:
 
 
 def prepare_backbone(spec, progress: bool = True) -> None:
-    """Make sure the weights a run needs are on this machine (pretraining tiny-clip or tiny-vilt once if needed)."""
-    if not _fedvlp_pretrained(spec):
-        return
-    if backbone_family(spec.backbone.name) == "vilt":
-        from fedvlp.backbones.pretrain_vilt import ensure_tiny_vilt
+    """Make sure the weights a run needs are on this machine, before any cluster work: tiny-clip's or tiny-vilt's
+    are pretrained once; a real backbone's are fetched where its loader will look (a local path, else the
+    caches, downloading where the hub can be reached), so weights that cannot be had fail here in one line
+    instead of killing every worker."""
+    name, pretrained = spec.backbone.name, spec.backbone.pretrained
+    random_init = pretrained in ("none", "")
+    vilt = backbone_family(name) == "vilt"
+    if _fedvlp_pretrained(spec):
+        if vilt:
+            from fedvlp.backbones.pretrain_vilt import ensure_tiny_vilt
 
-        ensure_tiny_vilt(progress=progress)
-    else:
-        from fedvlp.backbones.pretrain_clip import ensure_tiny_clip
+            ensure_tiny_vilt(progress=progress)
+        else:
+            from fedvlp.backbones.pretrain_clip import ensure_tiny_clip
 
-        ensure_tiny_clip(progress=progress)
+            ensure_tiny_clip(progress=progress)
+    elif os.environ.get("RAY_ADDRESS"):
+        return  # the workers run on another machine and look in its caches, not this one's
+    elif vilt:
+        from fedvlp.backbones.vilt import TINY_VILT, fetch_vilt_files
+
+        if not (random_init and name == TINY_VILT):  # a random real ViLT still needs its config and tokenizer
+            fetch_vilt_files(name, _vilt_source(name, pretrained), random_init)
+    elif not (random_init and name == TINY_CLIP):
+        from fedvlp.backbones.clip import fetch_clip_weights
+
+        fetch_clip_weights(name, None if random_init else pretrained)
+
+
+def hf_cache_dir() -> str:
+    """Where Hugging Face downloads go, as huggingface_hub resolves it from the environment (for messages)."""
+    home = os.environ.get("HF_HOME") or os.path.join(os.environ.get("XDG_CACHE_HOME") or "~/.cache", "huggingface")
+    return os.path.expanduser(os.environ.get("HF_HUB_CACHE") or os.environ.get("HUGGINGFACE_HUB_CACHE")
+                              or os.path.join(home, "hub"))
 
 
 def _vilt_source(name: str, pretrained: str) -> str:

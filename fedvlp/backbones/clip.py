@@ -16,7 +16,7 @@ import open_clip
 import torch
 import torch.nn.functional as F
 
-from fedvlp.backbones import TINY_CLIP
+from fedvlp.backbones import TINY_CLIP, hf_cache_dir
 from fedvlp.errors import BackboneError
 
 FEATURE_CHUNK = 256  # images per forward pass; fixed so features are placement-independent
@@ -25,26 +25,62 @@ FEATURE_KINDS = ("global", "tokens")
 open_clip.add_model_config(Path(__file__).parent / "model_configs" / f"{TINY_CLIP}.json")
 
 
-def create_clip(name: str, pretrained: str | None = None) -> torch.nn.Module:
-    """Build an open_clip model; `pretrained` is an open_clip tag ('openai'), a checkpoint path, or None."""
+def _checked_pretrained(name: str, pretrained: str | None) -> str | None:
+    """`pretrained` as open_clip takes it: None, a checkpoint file's path or one of `name`'s tags; else one line."""
     if name not in open_clip.list_models():
         raise BackboneError(f"backbone.name: unknown open_clip model {name!r} (try ViT-B-16 or {TINY_CLIP})")
-    if pretrained and Path(pretrained).expanduser().exists():
-        pretrained = str(Path(pretrained).expanduser())
-    elif pretrained and pretrained not in open_clip.list_pretrained_tags_by_model(name):
+    if not pretrained:
+        return None
+    path = Path(pretrained).expanduser()
+    if path.is_dir():
+        raise BackboneError(f"backbone.pretrained: {pretrained} is a directory; expected an open_clip checkpoint file "
+                            f"or an open_clip tag of {name}")
+    if path.exists():
+        return str(path)
+    if pretrained not in open_clip.list_pretrained_tags_by_model(name):
         raise BackboneError(
             f"backbone.pretrained: {pretrained!r} is neither a checkpoint file nor an open_clip tag of {name} "
             f"({', '.join(open_clip.list_pretrained_tags_by_model(name)) or 'none'})"
         )
+    return pretrained
+
+
+def _download_help(name: str, tag: str | None) -> str:
+    return (f"download them where there is internet (python -c \"import open_clip; "
+            f"open_clip.create_model('{name}', pretrained='{tag}')\") and copy the Hugging Face cache "
+            f"({hf_cache_dir()}) here, or set backbone.pretrained to a local checkpoint file")
+
+
+def fetch_clip_weights(name: str, pretrained: str | None) -> None:
+    """Have the weights `create_clip(name, pretrained)` loads on this machine, fetched as open_clip fetches them
+    (a tag's Hugging Face hub entry through the HF cache, else its URL through ~/.cache/clip): found in the cache,
+    downloaded where the hub can be reached, or a one-line BackboneError naming the fields and how to provide them.
+    The driver calls it before any cluster work, so missing weights never surface as a dead worker."""
+    tag = _checked_pretrained(name, pretrained)
+    if tag is None or Path(tag).is_file():
+        return
+    cfg = open_clip.get_pretrained_cfg(name, tag)
+    try:
+        open_clip.download_pretrained(cfg)  # what open_clip.create_model calls: a cache hit costs no download
+    except Exception as exc:
+        where = (f"{cfg['hf_hub'].rstrip('/')} in the Hugging Face cache" if cfg.get("hf_hub") else
+                 f"{cfg.get('url')} in {Path('~/.cache/clip').expanduser()}")
+        raise BackboneError(
+            f"backbone.pretrained: the {tag!r} weights of backbone.name {name} are not on this machine and could not "
+            f"be downloaded ({type(exc).__name__}; looked for {where}); {_download_help(name, tag)}"
+        ) from None
+
+
+def create_clip(name: str, pretrained: str | None = None) -> torch.nn.Module:
+    """Build an open_clip model; `pretrained` is an open_clip tag ('openai'), a checkpoint path, or None."""
+    pretrained = _checked_pretrained(name, pretrained)
     logging.getLogger().setLevel(max(logging.getLogger().level, logging.ERROR))  # open_clip warns on random init
     try:
-        return open_clip.create_model(name, pretrained=pretrained or None)
+        return open_clip.create_model(name, pretrained=pretrained)
     except Exception as exc:  # offline hub, corrupt file: one line that says how to provide weights
         raise BackboneError(
-            f"backbone {name}/{pretrained}: weights could not be loaded ({type(exc).__name__}). "
-            f"Download them where there is internet (python -c \"import open_clip; "
-            f"open_clip.create_model('{name}', pretrained='{pretrained}')\") and copy the HF cache here, "
-            f"or set backbone.pretrained to a local checkpoint path"
+            f"backbone {name}/{pretrained}: weights could not be loaded ({type(exc).__name__}); "
+            f"{_download_help(name, pretrained)}"
         ) from None
 
 

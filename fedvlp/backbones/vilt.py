@@ -27,7 +27,9 @@ import torch.nn.functional as F
 import transformers
 from transformers import BertTokenizerFast, ViltConfig, ViltModel  # type: ignore[attr-defined]  # lazy export
 from transformers.models.vilt.modeling_vilt import ViltPooler
+from transformers.utils import cached_file
 
+from fedvlp.backbones import hf_cache_dir
 from fedvlp.data.missing import fill_missing_images
 from fedvlp.data.recipes import VOCABULARY
 from fedvlp.errors import BackboneError
@@ -71,6 +73,36 @@ def _weights_help(name: str) -> str:
             f"ViltModel.from_pretrained('{name}').save_pretrained('DIR'); "
             f"BertTokenizerFast.from_pretrained('{name}').save_pretrained('DIR')\"), copy DIR here "
             f"and set backbone.pretrained (or backbone.name) to DIR")
+
+
+# The files create_vilt reads: what to call each, and its alternatives in transformers' order of preference.
+CONFIG_FILES = ("config.json", ("config.json",))
+TOKENIZER_FILES = ("tokenizer.json or vocab.txt", ("tokenizer.json", "vocab.txt"))
+WEIGHT_FILES = ("model.safetensors or pytorch_model.bin", ("model.safetensors", "model.safetensors.index.json",
+                                                           "pytorch_model.bin", "pytorch_model.bin.index.json"))
+
+
+def fetch_vilt_files(name: str, source: str, random_init: bool = False) -> None:
+    """Have the files `create_vilt(name, source, random_init=...)` reads on this machine, fetched as transformers
+    fetches them (from a local directory, else the Hugging Face cache, downloading where the hub can be reached):
+    config, tokenizer and, unless `random_init`, weights. Otherwise a one-line BackboneError that says how to
+    provide them. The driver calls it before any cluster work, so missing weights never kill a worker."""
+    field = "backbone.name" if source == name else "backbone.pretrained"
+    path = Path(source).expanduser()
+    local = str(path) if path.is_dir() else None
+    needed = (CONFIG_FILES, TOKENIZER_FILES) if random_init else (CONFIG_FILES, TOKENIZER_FILES, WEIGHT_FILES)
+    try:
+        missing = [label for label, files in needed
+                   if not any(cached_file(local or source, file, _raise_exceptions_for_missing_entries=False,
+                                          _raise_exceptions_for_connection_errors=False) for file in files)]
+    except Exception as exc:  # no such repository on the hub, a gated one, an unreadable cache
+        missing = [f"the model ({type(exc).__name__})"]
+    if not missing:
+        return
+    looked = local or f"the Hugging Face cache {hf_cache_dir()}"
+    needs = " (backbone.pretrained none still needs the config and tokenizer)" if random_init else ""
+    raise BackboneError(f"{field} {source}: ViLT files not on this machine{needs}: {'; '.join(missing)} "
+                        f"(looked in {looked}); {_weights_help(local or source)}")
 
 
 def create_vilt(name: str = TINY_VILT, pretrained: str | None = None, vocabulary: Sequence[str] | None = None,
