@@ -80,11 +80,16 @@ def test_the_text_encoder_shortcut_equals_open_clips_encode_text(name):
 
 
 @pytest.mark.parametrize("name", ["tiny-clip", "ViT-B-16"])
-def test_prompts_sharing_a_prefix_encode_as_if_each_ran_alone(name):
+def test_prompts_sharing_a_prefix_encode_as_if_each_ran_alone(name, monkeypatch):
     """`encode_prompt_groups` runs a group's shared prefix once; features and gradients must equal running every
-    prompt through `encode_token_embeddings` (randomly initialised towers: no weights needed)."""
+    prompt through `encode_token_embeddings` (randomly initialised towers: no weights needed). The shared-prefix
+    path must really run: it falls back to the flat one for shapes it cannot take, which would pass unseen."""
+    from fedvlp.backbones import clip
     from fedvlp.backbones.clip import ClipBackbone, create_clip
 
+    continuation_calls = []
+    monkeypatch.setattr(clip, "_continuation_block", lambda *args, _run=clip._continuation_block, **kwargs: (
+        continuation_calls.append(1), _run(*args, **kwargs))[1])
     torch.manual_seed(0)
     backbone = ClipBackbone(create_clip(name), name)
     groups, classes, length, shared, width = 3, 5, 12, 7, backbone.token_width
@@ -100,6 +105,7 @@ def test_prompts_sharing_a_prefix_encode_as_if_each_ran_alone(name):
         features.pow(2).sum().backward()
         results.append((features.detach(), context.grad))
     (features, grad), (expected, expected_grad) = results
+    assert len(continuation_calls) == len(backbone.model.transformer.resblocks)  # the fast path: once per layer
     assert features.shape == (groups, classes, backbone.embed_dim)
     assert torch.allclose(features, expected, atol=1e-5, rtol=0)
     assert torch.allclose(grad, expected_grad, atol=1e-5 * expected_grad.abs().max(), rtol=0)

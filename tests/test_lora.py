@@ -1,8 +1,8 @@
 """The LoRA baselines (fedvlp/methods/fedlora.py): peft adapters on the frozen CLIP text encoder and on ViLT.
 
 Only the adapters and heads learn; at B = 0 the outputs are the frozen model's, bitwise; the state on the wire is
-exactly the LoRA tensors (only B with FFA-LoRA) and the heads; a federated run through Ray improves on its start
-and resumes bitwise."""
+exactly the LoRA tensors (only B with FFA-LoRA) and the heads; in a federated run through Ray the clients' training
+loss falls round after round, and the run resumes bitwise."""
 from __future__ import annotations
 
 import dataclasses
@@ -204,7 +204,7 @@ def test_local_training_is_reproducible_and_leaves_the_backbone_alone(clip_world
 
 @pytest.mark.usefixtures("tiny_clip")
 @pytest.mark.parametrize("ffa", [False, True], ids=["lora", "ffa"])
-def test_a_federated_run_improves_on_its_start_and_resumes_bitwise(ray_cluster, tracking_uri, tmp_path, ffa):
+def test_training_loss_falls_round_after_round_and_a_run_resumes_bitwise(ray_cluster, tracking_uri, tmp_path, ffa):
     """With FFA, A is in no checkpoint: the resumed run's workers draw it again from the seed."""
     from fedvlp.platform.engine import load_checkpoint, run_federated
 
