@@ -11,6 +11,12 @@ Prompts start at zero with one row of ones that differs per type, as in the refe
 (complete: token 0, image missing: token 1, text missing: token 2). FedProx-P adds
 (prox_mu / 2) * ||w - w_global||^2 over the trainable parameters to the local loss.
 The centralised upper bound (Centralized-P) is this method with `federation.clients: 1`.
+
+Size, on any ViLT: the reference's (FED-PRIME's FedAvg_P baseline: prompt_type input, length 16,
+layers 0..5 of ViLT-B's 12) by one rule. The token count stays at 16: a token already has the
+backbone's width (128 on the tiny ViLT, 768 on ViLT-B), and FED-PRIME keeps its own counts
+(pool 20, top 5) on the tiny ViLT too. The depth is the same fraction, the first half of the
+layers: 6 of 12 on ViLT-B, 2 of the tiny ViLT's 4 (`prompt_layers: null`).
 """
 from __future__ import annotations
 
@@ -28,10 +34,17 @@ from fedvlp.spec import int_range, log_range, spec_field
 ONES_ROW = {FULL: 0, MISSING_IMAGE: 1, MISSING_TEXT: 2}  # the reference's one-hot-like initial rows
 
 
+def prompted_layers(requested: int | None, depth: int) -> int:
+    """How many layers, from the first, get prompts: as requested (capped at the depth), or half the depth."""
+    return min(requested, depth) if requested is not None else max(1, depth // 2)
+
+
 @dataclass(frozen=True)
 class FedAvgPParams:
     prompt_length: int = spec_field(16, "prompt tokens per prompted layer (reference: 16)", ge=3)
-    prompt_layers: int = spec_field(6, "prompted layers, from the first (reference: 6; capped at the depth)", ge=1)
+    prompt_layers: int | None = spec_field(
+        None, "prompted layers, from the first (null: the first half of the backbone's, as the reference's 6 of 12; "
+              "capped at the depth)", ge=1)
     prox_mu: float = spec_field(0.0, "FedProx proximal weight mu (0: FedAvg-P)", ge=0)
     lr: float = spec_field(0.05, "SGD learning rate", gt=0, tune=log_range(3e-3, 0.5))
     batch_size: int = spec_field(64, "local batch size", ge=1)
@@ -53,7 +66,7 @@ class FedAvgP(Method):
 
     def __init__(self, params: FedAvgPParams, backbone, task, generator=None):
         super().__init__(params, backbone, task)
-        layers = min(params.prompt_layers, backbone.num_layers)
+        layers = prompted_layers(params.prompt_layers, backbone.num_layers)
         prompts = torch.zeros(3, layers, params.prompt_length, backbone.hidden_size)
         for code, row in ONES_ROW.items():
             prompts[code, :, row] = 1.0

@@ -1,0 +1,59 @@
+"""FedAvg-P's size follows the reference by its stated rule, and the missing-rate study runs Centralized-P."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from fedvlp.config import CONFIGS_DIR, load_spec, read_yaml
+from fedvlp.data.missing import FULL, MISSING_IMAGE, MISSING_TEXT
+from fedvlp.methods.fedavg_p import prompted_layers
+
+REFERENCE_LENGTH, REFERENCE_LAYERS, VILT_B_DEPTH = 16, 6, 12  # Lee et al.: input prompts on layers 0..5 of 12
+
+
+def test_prompted_layers_are_half_the_depth_unless_given():
+    assert prompted_layers(None, VILT_B_DEPTH) == REFERENCE_LAYERS
+    assert prompted_layers(None, 4) == 2
+    assert prompted_layers(None, 1) == 1
+    assert prompted_layers(3, VILT_B_DEPTH) == 3
+    assert prompted_layers(REFERENCE_LAYERS, 4) == 4          # capped at the depth
+
+
+@pytest.mark.parametrize("config", ["fedavg_p_food101", "fedavg_p_mmimdb"])
+def test_vilt_b_configs_are_the_reference_size(config):
+    method = read_yaml(CONFIGS_DIR / f"{config}.yaml")["method"]   # read, not built: the dataset is not here
+    assert method["prompt_length"] == REFERENCE_LENGTH
+    assert prompted_layers(method.get("prompt_layers"), VILT_B_DEPTH) == REFERENCE_LAYERS
+
+
+@pytest.mark.parametrize("config", ["fedavg_p_recipes", "fedprox_p_recipes", "centralized_p_recipes"])
+def test_tiny_vilt_configs_get_16_tokens_on_the_first_half_of_the_layers(config):
+    from fedvlp.backbones import load_backbone
+    from fedvlp.data.recipes import CLASS_NAMES
+    from fedvlp.methods.base import Task
+    from fedvlp.platform.worker import build_method
+
+    spec = load_spec(config, ["backbone.pretrained=none"])   # the shapes only: no pretraining needed
+    backbone = load_backbone(spec)
+    method = build_method(spec, backbone, Task(list(CLASS_NAMES), multilabel=False))
+    assert backbone.num_layers == 4 and backbone.hidden_size == 128
+    assert tuple(method.prompts.shape) == (3, 2, REFERENCE_LENGTH, 128)  # [missing type, layer, token, D]
+    # zeros with one row of ones per type, the row the reference gives that type
+    for code, row in {FULL: 0, MISSING_IMAGE: 1, MISSING_TEXT: 2}.items():
+        expected = torch.zeros(2, REFERENCE_LENGTH, 128)
+        expected[:, row] = 1.0
+        assert torch.equal(method.prompts[code].detach(), expected)
+
+
+def test_missing_rate_study_runs_centralized_p_as_its_run_config_defines_it():
+    from fedvlp.platform.sweep import load_sweep, trial_spec
+
+    sweep = load_sweep("missing_rate")
+    assert {"fedprime", "fedavg_p", "fedlora_vilt", "centralized_p"} <= set(sweep.variants)
+    specs = {variant: trial_spec(sweep, {"seed": 0, "variant": variant, "data.missing_rate": 0.5}, "test")
+             for variant in ("fedavg_p", "centralized_p")}
+    central, federated = specs["centralized_p"], specs["fedavg_p"]
+    assert central.federation.clients == 1 and federated.federation.clients == 10
+    assert central.method.name == "fedavg_p" and central.method.params == load_spec(
+        "centralized_p_recipes").method.params == federated.method.params
+    assert central.data == federated.data and central.data.missing_rate == 0.5

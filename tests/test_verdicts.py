@@ -1,0 +1,67 @@
+"""README Results' verdict table follows its protocol: a failing world diagnostic makes a finding untestable here.
+
+The verdicts are prose (no code computes them); this keeps the prose consistent with the rule it states."""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+VERDICTS = ("untestable here", "not reproduced", "reproduced", "inconclusive")
+FINDINGS = {"FED-PRIME (a)", "FED-PRIME (b)", "FED-PRIME (c)", "FedMPT (a)", "FedMPT (b)", "FedMPT (c)", "FedMPT (d)"}
+
+
+def results_section() -> str:
+    text = (ROOT / "README.md").read_text()
+    return text[text.index("\n## Results\n"):text.index("\n## Performance\n")]
+
+
+def verdict_rows(section: str) -> dict[str, tuple[str, str, str]]:
+    """{finding: (verdict, diagnostics, study links)}, with "as (x)" diagnostics resolved to finding x's."""
+    rows = {}
+    for line in section.splitlines():
+        match = re.match(r"\| ((?:FED-PRIME|FedMPT) \([a-d]\)): [^|]+\| ([^|]+) \| ([^|]+) \| ([^|]+) \|$", line)
+        if match:
+            rows[match[1]] = (match[2], match[3], match[4])
+    for finding, (verdict, diagnostics, links) in rows.items():
+        same = re.fullmatch(r"as (\([a-d]\))", diagnostics)
+        if same:
+            rows[finding] = (verdict, rows[f"{finding.split()[0]} {same[1]}"][1], links)
+    return rows
+
+
+def statuses(diagnostics: str) -> list[str]:
+    """pass / fail / not measured, one per diagnostic; each measured one must carry its figure."""
+    found = []
+    for clause in re.split(r";\s*(?![^(]*\))", diagnostics):
+        status = re.search(r"\*\*(pass|fail)\*\*|not measured", clause)
+        assert status, f"diagnostic without pass, fail or 'not measured': {clause!r}"
+        found.append(status[1] or "not measured")
+        if status[1]:
+            assert re.search(r"\d\.\d", clause), f"measured diagnostic without its figure: {clause!r}"
+    return found
+
+
+def test_every_finding_has_a_verdict_row_with_its_diagnostics_and_study():
+    section = results_section()
+    protocol = section[section.index("**Protocol.**"):section.index("| finding | verdict |")]
+    assert all(f"**{verdict}**" in protocol for verdict in VERDICTS)  # the protocol defines all four
+    rows = verdict_rows(section)
+    assert set(rows) == FINDINGS
+    for finding, (verdict, diagnostics, links) in rows.items():
+        assert any(v in verdict for v in VERDICTS), finding
+        assert statuses(diagnostics), finding
+        folders = re.findall(r"\(docs/results/([a-z_]+)/README\.md\)", links)
+        assert folders and all((ROOT / "docs/results" / f).is_dir() for f in folders), finding
+
+
+def test_a_failing_diagnostic_and_only_that_makes_a_finding_untestable_here():
+    rows = verdict_rows(results_section())
+    for finding, (verdict, diagnostics, _) in rows.items():
+        fails = "fail" in statuses(diagnostics)
+        assert ("untestable here" in verdict) == fails, finding
+        if fails:  # the failing diagnostic stands beside the verdict
+            assert "fail" in verdict and "not reproduced" not in verdict, finding
+    # the two corrected readings: an interval too wide for the world's penalty, and baselines that lose as little
+    assert rows["FED-PRIME (b)"][0].startswith("**inconclusive** (+0.035 ± 0.132)")
+    assert rows["FedMPT (d)"][0].startswith("**not reproduced** against FedLoRA, FedTPG, FedOTP and zero-shot")
