@@ -243,7 +243,7 @@ def format_table(initial: dict, final: dict, rounds: int) -> str:
     return "\n".join(rows)
 
 
-def _sweep(args) -> None:
+def _sweep(args) -> int:
     from fedvlp.platform.sweep import load_sweep, run_sweep
 
     sweep = load_sweep(args.space, args.overrides)
@@ -260,6 +260,11 @@ def _sweep(args) -> None:
     else:
         print(f"tables and plots:  fedvlp report {sweep.experiment}")
         _dashboard(sweep.base["tracking"]["uri"], sweep.experiment, metric=sweep.metric)
+    if results.errors:  # a sweep with failed trials is not a success: scripts and CI must see it
+        print(f"fedvlp: {len(results.errors)} of {len(results)} trials failed; each trial's error.txt under "
+              f"{sweep.storage} says why", file=sys.stderr)
+        return 1
+    return 0
 
 
 def _tune(args) -> None:
@@ -348,8 +353,8 @@ def one_line(error: FedvlpError) -> str:
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
-        {"run": _run, "sweep": _sweep, "tune": _tune, "report": _report, "data": _data, "pretrain": _pretrain,
-         "list": _list}[args.command](args)
+        code = {"run": _run, "sweep": _sweep, "tune": _tune, "report": _report, "data": _data, "pretrain": _pretrain,
+                "list": _list}[args.command](args)
     except FedvlpError as exc:
         print(f"fedvlp: error: {one_line(exc)}", file=sys.stderr)
         return 2
@@ -359,7 +364,7 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:  # output piped into `head` and the like
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 141
-    return 0
+    return code or 0
 
 
 if __name__ == "__main__":

@@ -93,10 +93,16 @@ def small_run(tracking_uri: str, tmp_path, *overrides: str, config: str | None =
 
 
 def fedvlp_cli(args: list[str], cwd, env: dict | None = None, timeout: float = CLI_TIMEOUT_S,
-               **popen) -> subprocess.CompletedProcess:
+               python=sys.executable, driver_path=None, **popen) -> subprocess.CompletedProcess:
     """`python -m fedvlp ARGS` in its own process group; on timeout the whole group (its local Ray included)
-    is killed before the test fails, so nothing is left running."""
-    proc = subprocess.Popen([sys.executable, "-m", "fedvlp", *args], cwd=cwd, env={**os.environ, **(env or {})},
+    is killed before the test fails, so nothing is left running. `env` adds to this process's environment (None
+    removes a variable). `driver_path` goes on the driver's sys.path
+    alone: Ray hands its workers the driver's working and script directories, never other sys.path entries."""
+    command = ["-m", "fedvlp"] if driver_path is None else ["-c", "import sys; sys.path.insert(0, sys.argv.pop(1)); "
+                                                           "from fedvlp.cli import main; sys.exit(main(sys.argv[1:]))",
+                                                           str(driver_path)]
+    environment = {k: v for k, v in {**os.environ, **(env or {})}.items() if v is not None}
+    proc = subprocess.Popen([str(python), *command, *args], cwd=cwd, env=environment,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
                             **popen)
     try:

@@ -193,6 +193,8 @@ def load_sweep(path: str | Path, overrides: list[str] | None = None) -> SweepSpe
             trial_spec(sweep, point, parent_run_id="validation")
         except ConfigError as exc:
             raise ConfigError(f"{path}: trial {point}: {exc}") from None
+    # A trial on another node does not see this process's $FEDVLP_PLUGINS: its config names them.
+    base["plugins"] = list(trial_spec(sweep, {"seed": sweep.seeds[0]}, "plugins").plugins)
     return sweep
 
 
@@ -345,7 +347,7 @@ def run_sweep(sweep: SweepSpec, resume: bool = False, progress: bool = True):
         experiment_dir.mkdir(parents=True, exist_ok=True)
         state_file.write_text(json.dumps({"parent_run_id": parent_run_id, "tracking_uri": uri}))
 
-    started_ray = ensure_ray(plugins=trial_spec(sweep, {"seed": sweep.seeds[0]}, "plugins").plugins)
+    started_ray = ensure_ray(plugins=sweep.base["plugins"])
     try:
         trainable = tune.with_resources(
             tune.with_parameters(_trial, sweep=sweep, parent_run_id=parent_run_id), _trial_resources(sweep))

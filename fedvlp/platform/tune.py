@@ -82,6 +82,7 @@ def load_tune(config, budget: int, seeds=(0, 1), metric: str | None = None, mode
 
     base["tracking"]["uri"] = _absolute_uri(base["tracking"].get("uri"))
     base["output_dir"] = str(Path(base.get("output_dir", "fedvlp-runs")).resolve())
+    base["plugins"] = list(spec.plugins)  # a trial on another node does not see this process's $FEDVLP_PLUGINS
     return TuneSpec(path, raw, base, spec.method.name, ranges, budget, tuple(seeds), metric, mode, asha, max_concurrent,
                     Path(storage))
 
@@ -167,7 +168,7 @@ def run_tune(tune_spec: TuneSpec, out: str | Path | None = None, progress: bool 
                        "asha": tune_spec.asha, "config": str(tune_spec.config),
                        **{f"range.{k}": r.describe() for k, r in tune_spec.ranges.items()}}.items():
         client.log_param(parent_id, key, str(value))
-    started_ray = ensure_ray(plugins=build_spec(copy.deepcopy(tune_spec.base)).plugins)
+    started_ray = ensure_ray(plugins=tune_spec.base["plugins"])
     status = "FAILED"
     try:
         searcher = ConcurrencyLimiter(
