@@ -4,8 +4,10 @@ import pytest
 import torch
 from scipy.optimize import linear_sum_assignment
 
+from fedvlp.platform.aggregation import HungarianOptions, RuleInputs, apply_rule
 from fedvlp.platform.clustering import (
     MAX_POOL_FACTOR,
+    SCHEDULES,
     _gaussian_terms,
     _loglik_all,
     cluster_pool,
@@ -169,9 +171,13 @@ def client_groups(n_clients: int, split: int, tau: int, dim: int, seed: int, sca
 def test_two_client_groups_merge_within_each_group_and_never_across(seed):
     n_clients, split, tau = 7, 3, 3
     pools, mode_of, modes = client_groups(n_clients, split, tau, dim=32, seed=seed)
-    update = cluster_pool(pools, torch.Generator().manual_seed(seed))          # defaults: selected, used
-    result = update.clustering
     group_of_client = np.arange(n_clients) >= split
+    first = cluster_pool(pools, torch.Generator().manual_seed(seed))           # defaults: selected, used
+    for centroid in first.clustering.used:                                     # never across groups, from round 1
+        assert len(set(group_of_client[np.nonzero(first.clustering.assignment == centroid)[0]].tolist())) == 1
+    # the next round starts from this round's popularity network, as the rule "hungarian" does
+    update = cluster_pool(pools, torch.Generator().manual_seed(seed), popularity=first.clustering.popularity_state)
+    result = update.clustering
     for centroid in result.used:
         holders = np.nonzero(result.assignment == centroid)
         # never across groups, and each cluster is one mode held by every client of its group
@@ -226,12 +232,27 @@ def test_report_names_the_diagnostics_of_every_key_and_measures_the_move():
                                            previous=previous)
     assert torch.equal(out[KEY], hungarian_cluster(states, [1] * 4, generator=torch.Generator().manual_seed(0))[KEY])
     assert set(report) == {f"{KEY}/{name}" for name in
-                           ("centroids_used", "pool_size", "shared_clusters", "client_to_centroid", "moved")}
+                           ("centroids_used", "pool_size", "shared_clusters", "client_to_centroid", "moved",
+                            "centroid_movement", "popularity_spread", "popularity_change")}
     assert report[f"{KEY}/centroids_used"] == 2 and report[f"{KEY}/pool_size"] == 2
     assert report[f"{KEY}/shared_clusters"] == 1.0
     # the new prompts are the group means: as far from client 0's prompts as its noise, nowhere near the groups' gap
     gap = (pools[0][0] - pools[0][1]).norm().item()
     assert report[f"{KEY}/moved"] < 0.1 * gap and report[f"{KEY}/client_to_centroid"] < 0.1 * gap
+    # the fit's own figures, from the clustering itself: how far the used centroids moved from the prompts they
+    # started at, and how far pi spreads over them and changed in this round (fresh networks: 5 Adam steps)
+    result = cluster_pool(pools, torch.Generator().manual_seed(0), keep="top").clustering
+    used = torch.from_numpy(result.used)
+    start = torch.stack(pools).reshape(-1, 16)[used]
+    assert report[f"{KEY}/centroid_movement"] == pytest.approx((result.centroids[used] - start).norm(dim=1).mean())
+    assert 0 < report[f"{KEY}/centroid_movement"] <= 1.5 * 5 * 1e-3 * 16 ** 0.5      # Adam: about lr a step
+    assert report[f"{KEY}/popularity_spread"] == pytest.approx(result.popularity[used].std(correction=0))
+    pi, pi_start = result.popularity[used], result.initial_popularity[used]
+    assert report[f"{KEY}/popularity_change"] == pytest.approx((pi - pi_start).abs().mean())
+    assert report[f"{KEY}/popularity_change"] > 0
+    # nothing learned, nothing moved
+    _, still = hungarian_cluster_report(states, [1] * 4, generator=torch.Generator().manual_seed(0), lr=0.0)
+    assert still[f"{KEY}/centroid_movement"] == 0.0 and still[f"{KEY}/popularity_change"] == 0.0
 
 
 def test_bad_input_is_rejected():
@@ -245,6 +266,11 @@ def test_bad_input_is_rejected():
         cluster_prompts([torch.zeros(2, 3, 4)], torch.Generator())
     with pytest.raises(ValueError, match="NaN"):
         cluster_prompts([torch.zeros(2, 3), torch.full((2, 3), float("nan"))], torch.Generator())
+    with pytest.raises(ValueError, match="schedule"):
+        cluster_prompts([torch.zeros(2, 3)], torch.Generator(), schedule="mine")
+    carried = cluster_prompts([torch.zeros(2, 3)], torch.Generator(), outer_loops=1).popularity_state
+    with pytest.raises(ValueError, match="popularity state"):                 # the prompts' width changed
+        cluster_prompts([torch.zeros(2, 4)], torch.Generator(), popularity=carried)
     pools = [torch.zeros(2, 3), torch.ones(2, 3)]
     for options, word in ((dict(prompts="mine"), "prompts"), (dict(keep="all"), "keep"),
                           (dict(selected=[np.ones(2, bool)]), "masks"),
@@ -253,3 +279,84 @@ def test_bad_input_is_rejected():
                           (dict(pool_size=3, max_pool=2), "max_pool")):
         with pytest.raises(ValueError, match=word):
             cluster_pool(pools, torch.Generator(), **options)
+
+
+def modes_and_loners(n_clients: int, loners: tuple[int, ...], dim: int, seed: int, round_index: int,
+                     scale: float = 0.1, noise: float = 0.1):
+    """One round's pools of 3 prompts. Most clients hold one prompt near each of 3 shared modes (scale per
+    coordinate), in a shuffled order; the loners hold 3 prompts of their own, 3 * scale per coordinate, far from
+    every mode. The modes and the loners' prompts are the same every round, the noise (noise * scale per
+    coordinate) is drawn afresh. Returns the pools, each prompt's mode id [n_clients, 3] (-1: a loner's), the modes."""
+    gen = torch.Generator().manual_seed(seed)
+    modes = scale * torch.randn(3, dim, generator=gen)
+    own = 3 * scale * torch.randn(n_clients, 3, dim, generator=gen)
+    gen = torch.Generator().manual_seed(1000 * seed + round_index)
+    pools, mode_of = [], []
+    for t in range(n_clients):
+        ids = torch.randperm(3, generator=gen)
+        pools.append((own[t] if t in loners else modes[ids]) + noise * scale * torch.randn(3, dim, generator=gen))
+        mode_of.append([-1] * 3 if t in loners else ids.tolist())
+    return pools, np.array(mode_of), modes
+
+
+@pytest.mark.parametrize("schedule,rounds", [("batched", 24), ("per_client", 8)])
+def test_carried_popularity_learns_that_shared_modes_are_popular_and_lone_prompts_are_not(schedule, rounds):
+    """Rounds of the same planted clients, carrying the popularity network as the rule does: the new pool is the
+    three modes, and pi ranks the modes' centroids above every loner's. Fails with a constant pi and with networks
+    that do not move (lr 0); batched, also with a fresh popularity network every round (5 Adam steps a round leave
+    pi at its random start; per_client takes 5 per client, 60 here, and separates within a round, by less)."""
+    n_clients, loners = 12, (0, 5)
+    popularity, gaps = None, []
+    for r in range(rounds):
+        pools, mode_of, modes = modes_and_loners(n_clients, loners, dim=64, seed=0, round_index=r)
+        update = cluster_pool(pools, torch.Generator().manual_seed(r), prompts="all", keep="top", pool_size=3,
+                              schedule=schedule, popularity=popularity)
+        result, popularity = update.clustering, update.clustering.popularity_state
+        lone = np.unique(result.assignment[mode_of < 0])
+        gaps.append(float(result.popularity[update.kept].min() - result.popularity[lone].max()))
+    # the new pool: one merged centroid per mode, nearest that mode, holding no loner's prompt
+    holders = [mode_of[result.assignment == centroid] for centroid in update.kept]
+    assert all((h == h[0]).all() and h[0] >= 0 and len(h) >= 2 for h in holders)
+    assert sorted(int(h[0]) for h in holders) == [0, 1, 2]
+    assert torch.cdist(update.prompts, modes).argmin(1).tolist() == [int(h[0]) for h in holders]
+    # pi: every mode's centroid above every loner's, by a margin
+    assert gaps[-1] > 0.05, gaps
+
+
+def test_per_client_schedule_steps_once_per_client():
+    pools, _, _ = two_groups(n_clients=4, dim=16, seed=5)
+    batched = cluster_prompts(pools, torch.Generator().manual_seed(0), outer_loops=3)
+    per_client = cluster_prompts(pools, torch.Generator().manual_seed(0), outer_loops=3, schedule="per_client")
+    assert float(batched.popularity_state["step"]) == 3 and float(per_client.popularity_state["step"]) == 3 * 4
+    assert not torch.equal(batched.centroids, per_client.centroids)
+    # one client: one step per outer loop either way, the same result
+    alone = [cluster_prompts(pools[:1], torch.Generator().manual_seed(0), schedule=s) for s in SCHEDULES]
+    assert torch.equal(alone[0].centroids, alone[1].centroids)
+    assert torch.equal(alone[0].popularity, alone[1].popularity)
+
+
+@pytest.mark.parametrize("schedule", SCHEDULES)
+def test_the_rule_carries_the_popularity_network_and_a_restored_state_continues_bitwise(schedule, tmp_path):
+    pools, _, _ = two_groups(n_clients=4, dim=16, seed=5)
+    states = [{KEY: pool} for pool in pools]
+    options = HungarianOptions(prompts="all", keep="top", schedule=schedule)
+    steps = 5 * (4 if schedule == "per_client" else 1)       # Adam steps a round
+
+    def round_(state: dict, index: int):
+        return apply_rule("hungarian", RuleInputs(states, [1] * 4, {KEY: pools[0]}, state,
+                                                  torch.Generator().manual_seed(index), options))
+
+    _, first, _ = round_({}, 1)
+    assert set(first) == {KEY} and all(isinstance(t, torch.Tensor) for t in first[KEY].values())
+    assert float(first[KEY]["step"]) == steps
+    new, second, metrics = round_(first, 2)
+    assert float(second[KEY]["step"]) == 2 * steps and metrics[f"{KEY}/popularity_change"] > 0
+    # round 2 went on from round 1's popularity network, not from a fresh draw
+    assert not torch.equal(second[KEY]["w1"], round_({}, 2)[1][KEY]["w1"])
+    # the coordinator's checkpoint (torch.save; load_checkpoint reads it weights_only) and a resumed round 2
+    torch.save({"rule_states": {"hungarian": first}}, tmp_path / "checkpoint.pt")
+    restored = torch.load(tmp_path / "checkpoint.pt", weights_only=True)["rule_states"]["hungarian"]
+    again, resumed, _ = round_(restored, 2)
+    assert torch.equal(again[KEY], new[KEY])
+    assert set(resumed[KEY]) == set(second[KEY])
+    assert all(torch.equal(resumed[KEY][name], value) for name, value in second[KEY].items())

@@ -73,7 +73,8 @@ def test_pools_switch_and_server_rules(world, pools, expected):
         else:
             assert rule == "fedavg"                        # intra prompts, pooler, classifier
     assert method.server_options()["hungarian"] == {"outer_loops": 5, "lr": 1e-3, "prompts": "selected",
-                                                    "keep": "used", "pool_size": 20, "max_pool": None}
+                                                    "keep": "used", "pool_size": 20, "max_pool": None,
+                                                    "schedule": "per_client"}
 
 
 def test_the_inter_pool_marks_what_it_retrieved_and_takes_the_servers_size(world):

@@ -59,6 +59,10 @@ class FedPrimeParams:
                 "max_pool), or the pool_size most used ones (a fixed size)")
     max_pool: int | None = spec_field(None, "keep_centroids=used: the most prompts the inter pool may grow to "
                                             "(null: 4 x pool_size)", ge=1)
+    cluster_schedule: Literal["batched", "per_client"] = spec_field(
+        "per_client", "server clustering: one Adam step per client and outer loop (the reference's, which the "
+                      "paper's figures come from), or one per outer loop on all clients' objective (cheaper at many "
+                      "clients)")
 
     def __post_init__(self):
         if self.top_k > self.pool_size:
@@ -116,7 +120,8 @@ class FedPrime(Method):
     def server_options(self) -> dict[str, dict]:
         p = self.params
         return {"hungarian": {"outer_loops": p.outer_loops, "lr": p.cluster_lr, "prompts": p.cluster_prompts,
-                              "keep": p.keep_centroids, "pool_size": p.pool_size, "max_pool": p.max_pool}}
+                              "keep": p.keep_centroids, "pool_size": p.pool_size, "max_pool": p.max_pool,
+                              "schedule": p.cluster_schedule}}
 
     def load(self, global_state, local_state) -> None:
         """The inter pool takes the size of the global state's (the server keeps every used centroid)."""

@@ -174,6 +174,8 @@ class HungarianOptions:
         "used", "every used centroid becomes a prompt (the paper; bounded by max_pool), or the pool_size most used")
     pool_size: int | None = spec_field(None, "the method's pool size tau (null: the size the clients sent)", ge=1)
     max_pool: int | None = spec_field(None, "keep=used: the most prompts the pool may grow to (null: 4 tau)", ge=1)
+    schedule: Literal["batched", "per_client"] = spec_field(
+        "batched", "one Adam step per outer loop on all clients' objective, or one per client (the reference)")
 
 
 SELECTED = "selected"  # beside a pool "<module>.prompts", "<module>.selected" masks the prompts a client used
@@ -188,22 +190,24 @@ def _hungarian(states: Sequence[State], num_samples: Sequence[int], previous: St
                generator: torch.Generator, options: HungarianOptions) -> tuple[State, dict, dict]:
     """Every pool key is clustered (`clustering.cluster_pool`); a "<module>.selected" mask beside a pool
     "<module>.prompts" says which of its prompts each client selected (a float 0/1 vector), and comes back
-    zeroed at the new pool's size. Returns the diagnostics of every pool, to log each round."""
+    zeroed at the new pool's size. Returns the diagnostics of every pool, to log each round. The rule's state
+    carries each pool's popularity network and its Adam moments from round to round ({key: tensors})."""
     from fedvlp.platform.clustering import cluster_pool  # scipy and the clustering nets load on use
 
-    out, metrics = {}, {}
+    out, metrics, popularity = {}, {}, {}
     for key in (k for k in states[0] if k.rpartition(".")[2] != SELECTED):
         mask = _mask_key(key)
         masks = [s[mask] > 0 for s in states] if mask in states[0] else None
         update = cluster_pool([s[key] for s in states], generator, selected=masks, prompts=options.prompts,
                               keep=options.keep, pool_size=options.pool_size, max_pool=options.max_pool,
                               previous=previous.get(key), outer_loops=options.outer_loops, lr=options.lr,
-                              hidden=options.hidden)
+                              hidden=options.hidden, schedule=options.schedule, popularity=state.get(key))
         out[key] = update.prompts
+        popularity[key] = update.clustering.popularity_state
         if masks is not None:
             out[mask] = states[0][mask].new_zeros(len(update.prompts))
         metrics.update({f"{key}/{name}": value for name, value in update.diagnostics.items()})
-    return out, state, metrics
+    return out, popularity, metrics
 
 
 register_rule(ServerRule("hungarian", "custom", _hungarian, options=HungarianOptions,

@@ -4,46 +4,56 @@ Each client t sends a pool L_t of n_local prompts [n_local, D]. The server fits 
 C [n_global, D] (initialised to all local prompts, n_global = n_clients * n_local) and a one-to-one
 assignment z_t of every client's prompts to distinct centroids, by alternating, ``outer_loops`` times,
 
-* the two networks, evaluated once over all centroids: the scale network s (D->hidden->ReLU->D->Sigmoid,
+* the two networks, evaluated over all centroids: the scale network s (D->hidden->ReLU->D->Sigmoid,
   the std) and the popularity network pi (D->hidden->ReLU->1->Sigmoid);
-* for every client, a new z_t from the Hungarian algorithm (``scipy.optimize.linear_sum_assignment``) on
-  the [n_local, n_global] score matrix "log-likelihood + popularity term", maximised, so no two prompts
+* a new z_t from the Hungarian algorithm (``scipy.optimize.linear_sum_assignment``) on the
+  [n_local, n_global] score matrix "log-likelihood + popularity term", maximised, so no two prompts
   of one client share a centroid;
-* one Adam step on -(l1 + l2) summed over the clients, over {C, scale network, popularity network}, where
+* an Adam step on -(l1 + l2) over {C, scale network, popularity network}, where
   l1 = sum_t sum_j log N(L_t[j] | C_z(j), diag(s(C_z(j))^2))
-  l2 = sum_t sum_i log Bernoulli(u_ti; pi(C_i))          (u_ti = 1 iff client t uses centroid i).
+  l2 = sum_{used i} sum_t log Bernoulli(u_ti; pi(C_i))   (u_ti = 1 iff client t uses centroid i;
+                                                          used: some client uses it).
+
+``schedule='per_client'`` is the reference's: client by client, its new z_t and one Adam step on its
+own terms, ``outer_loops * n_clients`` steps a round. ``'batched'`` (the default): per outer loop every
+client's z_t from the same parameters and one step on the sum, ``outer_loops`` steps a round.
+
+The popularity network and its Adam moments are carried from round to round (``popularity=``,
+``Clustering.popularity_state``; the rule "hungarian" keeps them in its checkpointed state), so pi is
+learned over the run; the centroids and assignments start afresh from each round's prompts, and so
+does the scale network.
 
 ``cluster_pool`` wraps this for one pool, with the reference's choices as options: which prompts are
 clustered (the ones the clients selected this round, or all) and which centroids make the new pool
 (every used one, so its size varies, or the top tau); it returns diagnostics to log every round
-(``pool_diagnostics``). ``hungarian_cluster`` is the platform aggregator (same keys in as out; by
-default also the same shapes) and ``hungarian_cluster_report`` the same with the diagnostics.
+(``pool_diagnostics``). ``hungarian_cluster`` is the platform aggregator for one round (same keys in as
+out; by default also the same shapes) and ``hungarian_cluster_report`` the same with the diagnostics.
 
 Reference: FED-PRIME (hangpt01/FedPrime, algorithm/multimodal/food101/nonparametric_aggregation.py
 NonparametricAgg and Server.aggregate in Fed-Prime.py). Written from its semantics, not its code.
 
 Deviations from the reference, all deliberate:
 
-* Schedule. The reference takes one Adam step per client, ``outer_loops * n_clients`` in all, each of
-  them evaluating both networks over all n_clients * n_local centroids, so its time grows as
-  n_clients^2 (0.9 s at 20 clients, 53 s at 100, 809 s at 500; tau 20, D 768, one thread). Here each
-  outer loop evaluates the networks once, solves every client's assignment from those parameters and
-  takes one Adam step on the objective summed over the clients (the variant left commented out in the
-  reference's loop). So a centroid moves at most about ``outer_loops * lr`` per coordinate (Adam is
-  scale-free), not ``outer_loops * n_clients * lr``, and the clients' solves within a loop see the same
-  parameters instead of the ones after each other's steps. Measured against the per-client schedule
-  (``benchmarks/aggregation.py --compare``, seed 0, tau 20, D 768, FED-PRIME-like prompts around 4 modes
-  0.87 apart in L2, each prompt 0.12 from its mode), the results are not the same. At 20 / 100 clients
-  3 % / 0.05 % of the prompts go to the same centroid index (pairwise agreement on "same cluster or not",
-  the Rand index: 0.95 / 0.94). The reference merges more (51 / 47 centroids used against 73 / 71; 84 /
-  89 % of its used clusters hold two or more clients' prompts against 40 / 54 %); the top-tau clusters hold
-  nearly every client in both. But its centroids drift: its new prompts sit 0.84 / 1.17 (L2) from the
-  nearest mode, further than the modes are apart, while ours sit 0.15 from it, about where the prompts
-  are; the matched new pools are 0.84 / 1.16 apart on average. On the two-group case of
-  tests/test_clustering.py (5 clients, seeds 0-19) the new pools are at most 0.09 apart (the groups: 0.8);
-  the reference gives one centroid per group in 20 of 20 seeds, this schedule in 18 (20 with 10 outer
-  loops). Time on one thread: 0.2 / 2.6 / 50 s at 20 / 100 / 500 clients (24 CPU s at 500, on a busy
-  machine), against 0.9 / 53 / 809 s.
+* The popularity network is carried between rounds; the reference draws both networks afresh every
+  round. At lr 1e-3, 5 Adam steps (batched) or 5 per client leave a fresh pi near its random start.
+  Measured on the planted case of tests/test_clustering.py (12 clients, 10 holding prompts near 3
+  shared modes, 2 loners; 5 seeds), as min pi of the modes' centroids minus max pi of the loners':
+  batched, after 24 rounds, carried 0.075 to 0.12, fresh -0.04 to 0.00 (and the modes' clusters split);
+  per_client, after 8 rounds, carried 0.14-0.23, fresh 0.10-0.17; the cost is unchanged. Training a
+  fresh network to convergence every round instead takes hundreds of steps (pi reaches count/n_clients
+  after 300-1000 with the assignment held fixed), while the scale network shrinks towards its floor and
+  the clusters fall apart (5 x 100 steps: the three largest clusters hold 1-6 of the 10 clients of a
+  mode) at about 50 times the time. The scale network is not carried: its log-normaliser sums over D
+  coordinates, so a learned pattern of std pulls prompts to the same few centroids whatever their mode
+  (carried, batched, on benchmarks/aggregation.py's FED-PRIME-like pools: every prompt merged into tau
+  centroids 0.8 from their prompts, about as far as the modes are apart, within two rounds).
+* Schedule. ``per_client`` evaluates both networks over all centroids at each of its
+  ``outer_loops * n_clients`` steps, so its time grows as n_clients^2 (1.4 CPU s at 20 clients, 34 at
+  100; tau 20, D 768, one thread); ``batched`` evaluates them once per outer loop (0.2 / 1.5 CPU s),
+  and a centroid moves at most about ``outer_loops * lr`` per coordinate (Adam is scale-free) instead of
+  ``outer_loops * n_clients * lr``: its new prompts stay near the clients' (0.1 from the modes on the
+  planted case, against 0.4 per_client). On the two-group case of tests/test_clustering.py (5 clients,
+  20 seeds) per_client gives one centroid per group in 20, batched in 18.
 * Selected prompts. With ``prompts='selected'`` (the default of ``cluster_pool``) the clustered rows are
   the union over the round's clients of the prompts they selected, taken from every client, as the
   reference's ``union_prompts_checklist`` does; rows no client selected are dropped from the new pool
@@ -54,22 +64,25 @@ Deviations from the reference, all deliberate:
   n_clients a round. ``hungarian_cluster`` defaults to ``keep='top'``, the tau used centroids with the
   most clients assigned (ties: popularity, then index), because the platform's methods still need fixed
   shapes.
-* l2 sums the Bernoulli log-probability over *all* centroids (used: log pi, unused: log(1 - pi)), the
-  usual Bernoulli-process prior. The reference weights it by z, so only used centroids enter (each
-  n_local times, through a broadcast in its ``Independent(Bernoulli)``), which can only push pi up.
+* l2 is the Bernoulli log-likelihood of each used centroid over the clients, count_i log pi_i +
+  (n_clients - count_i) log(1 - pi_i): largest at pi_i = count_i / n_clients, the share of clients that
+  use it. The reference weights it by z, so only used centroids enter, with log pi alone (each n_local
+  times, through a broadcast in its ``Independent(Bernoulli)``), which can only push pi up. Summed over
+  every centroid instead, the unused copies of a shared prompt that the initialisation leaves beside its
+  merged centroid teach the network that shared regions are unpopular: pi of a shared mode and of a
+  loner's prompt both tend to 1 / n_clients, and on the planted case above the carried margin stayed
+  at -0.04 to 0.00.
 * The popularity term of the assignment score is log pi_i - log(1 - pi_i) for every centroid i: the
-  change in l2 when centroid i becomes used, i.e. l2 as a function of the new assignment up to a
-  constant. The reference adds n_local * log Bernoulli(u_i; pi_i) with u_i from the *previous*
-  assignment: a fixed per-centroid bonus that scores the new assignment with the prior of the old one
-  (log pi to centroids the client already used, log(1 - pi) to the others, so among new centroids it
-  prefers unpopular ones). On the two-group case of tests/test_clustering.py (5-6 clients, 20 seeds)
-  that term never gave one centroid per group (mostly two each); this one did in 19 of 20.
+  change in l2 when client t joins centroid i. The reference adds n_local * log Bernoulli(u_i; pi_i)
+  with u_i from the *previous* assignment: a fixed per-centroid bonus that scores the new assignment
+  with the prior of the old one (log pi to centroids the client already used, log(1 - pi) to the
+  others, so among new centroids it prefers unpopular ones); on the two-group case it never gave one
+  centroid per group (mostly two each).
 * The std has a floor (``STD_FLOOR``) so the log-likelihood stays finite; log pi and log(1 - pi) are
   computed with logsigmoid.
 * Everything random (network initialisation like ``nn.Linear``'s default, the initial random
   one-to-one maps) is drawn from the caller's ``torch.Generator``; the global RNG is never touched,
-  so the same inputs and generator seed give the same output. The networks are created afresh on every
-  call, as in the reference (it keeps no state between rounds).
+  so the same inputs, generator seed and carried popularity state give the same output.
 * The log-likelihood is evaluated for all centroids at once (matrix products over a block of clients)
   instead of one centroid at a time; the result is the same, only faster.
 
@@ -78,10 +91,10 @@ Properties inherited from the reference model, worth knowing when reading result
 * The std is a sigmoid, below 1, so only prompts whose spread is well under 1 per coordinate merge
   (FED-PRIME's prompts start in U(+-0.044)); far-apart prompts each keep their own centroid.
 * Cost: per outer loop, the networks over n_global centroids and their backward pass (linear in
-  n_clients), the scores of every client's prompts against every centroid (n_clients^2 * n_local^2 * D
-  multiply-adds, in blocks) and n_clients Hungarian solves on [n_local, n_global]; see
-  benchmarks/aggregation.py. The computation runs on the pools' device, in float32; results are
-  returned in the pools' dtype.
+  n_clients; per_client: once per client), the scores of every client's prompts against every centroid
+  (n_clients^2 * n_local^2 * D multiply-adds, in blocks) and n_clients Hungarian solves on
+  [n_local, n_global]; see benchmarks/aggregation.py. The computation runs on the pools' device, in
+  float32; results are returned in the pools' dtype.
 """
 from __future__ import annotations
 
@@ -98,6 +111,7 @@ State = dict[str, torch.Tensor]
 
 PROMPT_CHOICES = ("selected", "all")   # which prompts are clustered (cluster_pool)
 KEEP_CHOICES = ("used", "top")         # which centroids make the new pool
+SCHEDULES = ("batched", "per_client")  # one Adam step per outer loop for all clients, or one per client
 MAX_POOL_FACTOR = 4  # keep='used': the new pool holds at most this many times tau prompts
 STD_FLOOR = 1e-3  # the Gaussian std is STD_FLOOR + (1 - STD_FLOOR) * sigmoid(.), in (STD_FLOOR, 1)
 _LOG_2PI = math.log(2.0 * math.pi)
@@ -110,11 +124,16 @@ class Clustering:
     centroids: [n_global, D], every centroid after the last step (used or not).
     assignment: int64 [n_clients, n_local], the centroid of each local prompt; a row has distinct entries.
     popularity: [n_global], the Bernoulli probability pi(C_i) after the last step.
+    initial_popularity: [n_global], pi(C_i) of the popularity network as the call started, at the same (final)
+        centroids: popularity - initial_popularity is what the network learned in this call.
+    popularity_state: the popularity network and its Adam moments after the call, for the next round.
     """
 
     centroids: torch.Tensor
     assignment: np.ndarray
     popularity: torch.Tensor
+    initial_popularity: torch.Tensor | None = None
+    popularity_state: State | None = None
 
     @property
     def counts(self) -> np.ndarray:
@@ -154,6 +173,11 @@ def _mlp(x: torch.Tensor, params: Sequence[torch.Tensor]) -> torch.Tensor:
     """Linear -> ReLU -> Linear; the pre-sigmoid output."""
     w1, b1, w2, b2 = params
     return F.linear(F.relu(F.linear(x, w1, b1)), w2, b2)
+
+
+def _popularity_logit(x: torch.Tensor, params: Sequence[torch.Tensor]) -> torch.Tensor:
+    """[n]: the popularity network's pre-sigmoid output, logit pi(x), for every row of x."""
+    return _mlp(x, params).squeeze(1)
 
 
 def _std(pre: torch.Tensor) -> torch.Tensor:
@@ -200,12 +224,50 @@ def _solve_assignments(local: torch.Tensor, terms: tuple[torch.Tensor, ...], bon
     return out
 
 
+_LAYERS = ("w1", "b1", "w2", "b2")  # a network's tensors, in ``_mlp``'s order
+_MOMENTS = ("exp_avg", "exp_avg_sq")  # Adam's per-tensor moments
+
+
+def _popularity_state(params: Sequence[torch.Tensor], opt: torch.optim.Optimizer) -> State:
+    """The popularity network and its Adam moments as flat CPU tensors ("w1", ..., "exp_avg.w1", ..., "step"),
+    to carry to the next round."""
+    state = {}
+    for layer, p in zip(_LAYERS, params):
+        state[layer] = p.detach().cpu().clone()
+        moments = opt.state.get(p)
+        for moment in _MOMENTS:
+            state[f"{moment}.{layer}"] = (moments[moment] if moments else torch.zeros_like(p)).cpu().clone()
+    stepped = opt.state.get(params[0])  # all four tensors take every step: one step count
+    state["step"] = (stepped["step"] if stepped else torch.zeros(())).detach().cpu().clone()
+    return state
+
+
+def _restore_popularity(state: State, params: Sequence[torch.Tensor], opt: torch.optim.Optimizer) -> None:
+    """Load a carried popularity network (``_popularity_state``) into ``params`` and its Adam moments into ``opt``."""
+    for layer, p in zip(_LAYERS, params):
+        saved = state.get(layer)
+        if saved is None or tuple(saved.shape) != tuple(p.shape):
+            found = None if saved is None else tuple(saved.shape)
+            raise ValueError(f"popularity state: {layer} has shape {found}, the network needs {tuple(p.shape)} "
+                             f"(the prompts' width or the hidden size changed)")
+        with torch.no_grad():
+            p.copy_(saved)
+        if float(state["step"]) > 0:  # a network that has not stepped yet has no Adam state
+            opt.state[p] = {"step": state["step"].to(device=p.device, dtype=torch.float32).clone(),
+                            **{m: state[f"{m}.{layer}"].to(p).clone() for m in _MOMENTS}}
+
+
 def cluster_prompts(pools: Sequence[torch.Tensor], generator: torch.Generator, *, outer_loops: int = 5,
-                    lr: float = 1e-3, hidden: int = 128) -> Clustering:
+                    lr: float = 1e-3, hidden: int = 128, schedule: str = "batched",
+                    popularity: State | None = None) -> Clustering:
     """Cluster the clients' prompt pools (pools[t]: [n_local, D], all alike) under the one-prompt-per-cluster
-    constraint; see the module docstring for the model and the schedule. Deterministic in (pools, generator state)."""
+    constraint; see the module docstring for the model and the schedules. ``popularity``: the popularity network
+    and its Adam moments from the previous round (``Clustering.popularity_state``), or None for a fresh one.
+    Deterministic in (pools, generator state, popularity)."""
     if not pools:
         raise ValueError("cluster_prompts: no pools")
+    if schedule not in SCHEDULES:
+        raise ValueError(f"schedule must be one of {SCHEDULES}, got {schedule!r}")
     shape = tuple(pools[0].shape)
     if len(shape) != 2 or shape[0] < 1 or shape[1] < 1:
         raise ValueError(f"cluster_prompts: each pool must be [n_local, D], got {shape}")
@@ -221,7 +283,8 @@ def cluster_prompts(pools: Sequence[torch.Tensor], generator: torch.Generator, *
     local = torch.stack([p.detach() for p in pools]).to(device=device, dtype=torch.float32)
     if not bool(torch.isfinite(local).all()):
         raise ValueError("cluster_prompts: the pools hold NaN or infinite values")
-    # All random draws come from `generator`, in a fixed order: the networks, then the initial maps.
+    # All random draws come from `generator`, in a fixed order: the networks, then the initial maps. The popularity
+    # network is drawn even when a carried one replaces it, so that the other draws do not depend on the state.
     scale_params = _init_mlp(dim, hidden, dim, generator)
     pop_params = _init_mlp(dim, hidden, 1, generator)
     assignment = np.stack([torch.randperm(n_global, generator=generator)[:n_local].numpy()
@@ -231,31 +294,43 @@ def cluster_prompts(pools: Sequence[torch.Tensor], generator: torch.Generator, *
     params = [p.to(device).requires_grad_(True) for p in scale_params + pop_params]
     scale_params, pop_params = params[:4], params[4:]
     opt = torch.optim.Adam([*params, centroids], lr=lr, fused=True)  # one pass per tensor
-    prompts = local.reshape(n_global, dim)
+    if popularity is not None:
+        _restore_popularity(popularity, pop_params, opt)
+    initial_pop = [p.detach().clone() for p in pop_params]
+    # batched: every client's assignment and one Adam step on their summed objective per outer loop;
+    # per_client (the reference): client by client, one Adam step each
+    blocks = [np.arange(n_clients)] if schedule == "batched" else [np.array([t]) for t in range(n_clients)]
 
     for _ in range(outer_loops):
-        # the two networks, once over every centroid
-        std = _std(_mlp(centroids, scale_params))
-        pre_pop = _mlp(centroids, pop_params).squeeze(1)
-        log_pi, log_1m_pi = F.logsigmoid(pre_pop), F.logsigmoid(-pre_pop)
-        # l1 + l2 summed over the clients under the current assignments; every client uses n_local distinct
-        # centroids, so its l2 is sum_i log(1 - pi_i) + sum over its used i of (log pi_i - log(1 - pi_i))
-        z = torch.from_numpy(assignment.reshape(-1)).to(device)
-        l1 = _loglik_pairs(prompts, centroids[z], std[z]).sum()
-        gain = log_pi - log_1m_pi
-        l2 = n_clients * log_1m_pi.sum() + gain[z].sum()
-        # every client's new assignment, from the parameters before this loop's step (as in the reference)
-        with torch.no_grad():
-            next_assignment = _solve_assignments(local, _gaussian_terms(centroids, std), gain)
-        opt.zero_grad(set_to_none=True)
-        (-(l1 + l2)).backward()
-        opt.step()
-        assignment = next_assignment
+        for block in blocks:
+            # the two networks over every centroid (the scale network's gradient only through the block's rows)
+            with torch.no_grad():
+                std = _std(_mlp(centroids, scale_params))
+            pre_pop = _popularity_logit(centroids, pop_params)
+            log_pi, log_1m_pi = F.logsigmoid(pre_pop), F.logsigmoid(-pre_pop)
+            # l1 + l2 of the block's clients under the current assignments. l2 runs over the centroids some client
+            # uses; a client uses n_local distinct ones, so its l2 is sum_{used i} log(1 - pi_i) plus, for each i
+            # it uses, log pi_i - log(1 - pi_i)
+            z = torch.from_numpy(assignment[block].reshape(-1)).to(device)
+            used = torch.from_numpy(np.bincount(assignment.ravel(), minlength=n_global) > 0).to(device)
+            assigned = centroids[z]
+            l1 = _loglik_pairs(local[block].reshape(-1, dim), assigned, _std(_mlp(assigned, scale_params))).sum()
+            gain = log_pi - log_1m_pi
+            l2 = len(block) * log_1m_pi[used].sum() + gain[z].sum()
+            # the block's new assignments, from the parameters before this step (as in the reference)
+            with torch.no_grad():
+                next_assignment = _solve_assignments(local[block], _gaussian_terms(centroids, std), gain)
+            opt.zero_grad(set_to_none=True)
+            (-(l1 + l2)).backward()
+            opt.step()
+            assignment[block] = next_assignment
 
     with torch.no_grad():
-        popularity = torch.sigmoid(_mlp(centroids, pop_params).squeeze(1))
+        popularity_now = torch.sigmoid(_popularity_logit(centroids, pop_params))
+        popularity_before = torch.sigmoid(_popularity_logit(centroids, initial_pop))
     return Clustering(centroids=centroids.detach().to(out_dtype), assignment=assignment,
-                      popularity=popularity.to(out_dtype))
+                      popularity=popularity_now.to(out_dtype), initial_popularity=popularity_before.to(out_dtype),
+                      popularity_state=_popularity_state(pop_params, opt))
 
 
 @dataclass(frozen=True, eq=False)
@@ -306,15 +381,29 @@ def pool_diagnostics(pools: torch.Tensor, result: Clustering, new_pool: torch.Te
       clusters that actually merged something across clients; 0 when every client keeps its own prompts);
     * client_to_centroid: the mean L2 distance from each clustered client prompt to the centroid it is
       assigned to (how well the centroids summarise what the clients sent; it includes Adam's drift);
+    * centroid_movement: the mean L2 distance of each used centroid from the client prompt it started at (how
+      far the fit moved the centroids; 0 means the new pool is a subset of the clients' prompts);
+    * popularity_spread: the standard deviation of pi over the used centroids (how much the popularity tells
+      the used centroids apart);
+    * popularity_change: the mean over the used centroids of |pi(C_i) - pi_0(C_i)|, where pi is the popularity
+      network after the call and pi_0 the one it started from (carried from the last round, or drawn), both
+      at the final centroids: what the network learned in this round;
     * moved (only with ``previous``, the old global pool [n_prev, D]): the mean L2 distance from each new
       prompt to the nearest old global prompt (how far the round moved the pool).
     """
+    used = torch.from_numpy(result.used)
     counts = result.counts[result.used]
     flat = pools.reshape(-1, pools.shape[-1]).float()
-    assigned = result.centroids.float()[torch.from_numpy(result.assignment.reshape(-1)).to(flat.device)]
+    centroids = result.centroids.float().to(flat.device)
+    assigned = centroids[torch.from_numpy(result.assignment.reshape(-1)).to(flat.device)]
+    popularity = result.popularity.float()[used]
     out = {"centroids_used": float(len(counts)), "pool_size": float(len(new_pool)),
            "shared_clusters": float((counts >= 2).mean()),
-           "client_to_centroid": float((flat - assigned).norm(dim=1).mean())}
+           "client_to_centroid": float((flat - assigned).norm(dim=1).mean()),
+           "centroid_movement": float((centroids[used] - flat[used]).norm(dim=1).mean()),
+           "popularity_spread": float(popularity.std(correction=0))}
+    if result.initial_popularity is not None:
+        out["popularity_change"] = float((popularity - result.initial_popularity.float()[used]).abs().mean())
     if previous is not None:
         out["moved"] = float(torch.cdist(new_pool.float(), previous.reshape(len(previous), -1).float())
                              .min(1).values.mean())
@@ -324,7 +413,8 @@ def pool_diagnostics(pools: torch.Tensor, result: Clustering, new_pool: torch.Te
 def cluster_pool(pools: Sequence[torch.Tensor], generator: torch.Generator, *, selected=None,
                  prompts: str = "selected", keep: str = "used", pool_size: int | None = None,
                  max_pool: int | None = None, previous: torch.Tensor | None = None, outer_loops: int = 5,
-                 lr: float = 1e-3, hidden: int = 128) -> PoolUpdate:
+                 lr: float = 1e-3, hidden: int = 128, schedule: str = "batched",
+                 popularity: State | None = None) -> PoolUpdate:
     """FED-PRIME's inter-pool aggregation for one pool, faithful to the reference by default.
 
     pools[t]: client t's pool [tau_in, ...] (all alike; trailing dims are flattened for the clustering).
@@ -337,7 +427,8 @@ def cluster_pool(pools: Sequence[torch.Tensor], generator: torch.Generator, *, s
     centroids, then, if fewer are used, the rows no client selected, carried over (their mean over clients,
     which is the old global prompt when clients leave unselected prompts untouched). ``pool_size`` defaults to
     tau_in; a method whose pool varies must pass its configured tau. ``previous``: the old global pool, for
-    the 'moved' diagnostic only.
+    the 'moved' diagnostic only. ``schedule`` and ``popularity`` (the last round's
+    ``update.clustering.popularity_state``, or None): see ``cluster_prompts``.
 
     Every used centroid holds one prompt of at least one client, and a client's m clustered prompts go to m
     distinct centroids, so at least m are used: a pool rebuilt from ``prompts`` can retrieve top-k whenever
@@ -359,7 +450,8 @@ def cluster_pool(pools: Sequence[torch.Tensor], generator: torch.Generator, *, s
     rows = _clustered_rows(tau_in, len(pools), prompts, selected)
     index = torch.from_numpy(rows).to(first.device)
     clustered = torch.stack([pool[index] for pool in flat])
-    result = cluster_prompts(list(clustered), generator, outer_loops=outer_loops, lr=lr, hidden=hidden)
+    result = cluster_prompts(list(clustered), generator, outer_loops=outer_loops, lr=lr, hidden=hidden,
+                             schedule=schedule, popularity=popularity)
     kept = result.ranked()[:max_pool if keep == "used" else pool_size]
     new = result.centroids[torch.from_numpy(kept).to(result.centroids.device)]
     carried = np.zeros(0, np.int64)
@@ -398,7 +490,8 @@ def hungarian_cluster(states: Sequence[State], num_samples: Sequence[int], *, ge
     """FED-PRIME's inter-client prompt aggregation as a platform aggregator (``cluster_pool`` on every key).
 
     Every key holds one prompt pool per client, [tau, D] (or [tau, ...]). Options are ``cluster_pool``'s
-    (``selected``, ``prompts``, ``pool_size``, ``max_pool``, ``outer_loops``, ``lr``, ``hidden``). ``keep``
+    (``selected``, ``prompts``, ``pool_size``, ``max_pool``, ``outer_loops``, ``lr``, ``hidden``, ``schedule``);
+    this is one round with a fresh popularity network (the platform's rule "hungarian" carries it). ``keep``
     defaults to 'top' here, not to the reference's 'used': with it (and no ``selected``) the result has the
     same keys and shapes as the input, which is what the platform's methods can load until they rebuild
     their pool from a state of another size.
