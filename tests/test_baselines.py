@@ -177,7 +177,7 @@ def test_fedotp_keeps_each_clients_local_prompt(world):
         assert torch.allclose(global_state["global_ctx"],
                               (updates[0]["global"]["global_ctx"] + updates[1]["global"]["global_ctx"]) / 2)
     assert not torch.equal(local_states[0]["local_ctx"], local_states[1]["local_ctx"])
-    # Evaluating the global model: the global prompt with the initial local prompt; a client's own model: its own
+    # A client's first round starts from the initial local prompt; a client's own model holds its own
     method.load(global_state, None)
     assert torch.equal(method.local_ctx, initial_local["local_ctx"])
     assert torch.equal(method.global_ctx, global_state["global_ctx"])
@@ -203,3 +203,54 @@ def test_same_seed_same_parameters(world, name, overrides):
     assert any(not torch.equal(start_a[k], start_d[k]) for k in start_a)
 
 
+
+
+# What each reference's global model is, for every built-in method with LOCAL parameters (a new one must say):
+# FedOTP scores its global prompt alone (the reference evaluates only the clients' own [global; local] prompts);
+# FED-PRIME's server model keeps its query projections at their seeded start (they are never aggregated).
+GLOBAL_EVALUATION = {"fedotp": "global", "fedprime": "initial"}
+
+
+def test_every_method_with_local_state_says_what_its_global_model_is():
+    with_local = {name for name, cls in METHODS.items()
+                  if cls.__module__.startswith("fedvlp.methods.") and LOCAL in cls.server_rules.values()}
+    assert {name: METHODS[name].global_evaluation for name in with_local} == GLOBAL_EVALUATION
+
+
+def test_fedotp_global_model_is_the_global_prompt_alone(world):
+    """val_* and test_* score the global prompt alone: neither the untrained initial local prompt nor a
+    client's trained one changes the global scores; a client's own scores do depend on its local prompt."""
+    method = build(world, "fedotp", local_epochs=1)
+    method.local_update(client(world, method, slice(0, 128)), torch.Generator().manual_seed(1))
+    global_state, trained_local = method.global_state(), method.local_state()
+    features = world["features"]["tokens"][1][:128]
+
+    def global_scores(model, local_ctx=None):
+        model.load_global(global_state)
+        if local_ctx is not None:
+            with torch.no_grad():
+                model.local_ctx.copy_(local_ctx)
+        return model.score(features)
+
+    expected = global_scores(method)
+    assert method.global_only
+    random_local = torch.randn(trained_local["local_ctx"].shape, generator=torch.Generator().manual_seed(5))
+    assert torch.equal(global_scores(build(world, "fedotp", seed=7)), expected)  # another initial local prompt
+    assert torch.equal(global_scores(method, random_local), expected)
+    assert torch.equal(global_scores(method, trained_local["local_ctx"]), expected)
+    method.load(global_state, trained_local)  # a client's own model: global and local prompts
+    assert not method.global_only
+    personal = method.score(features)
+    method.load(global_state, {"local_ctx": random_local})
+    assert (method.score(features) - personal).abs().max() > 0.1
+
+
+def test_fedotp_global_prompt_alone_is_the_transport_with_one_prompt(world):
+    """With one prompt the balanced plan is a = 1/M itself: the score is the mean cosine over the patches."""
+    method = build(world, "fedotp", transport="balanced")
+    method.load_global(method.global_state())
+    features = world["features"]["tokens"][0][:8]
+    with torch.no_grad():
+        mean_cos = (features[:, 1:] @ method.template.encode(method.global_ctx).T).mean(1)  # [B, C]
+        expected = world["backbone"].logit_scale * mean_cos + method.bias
+        assert torch.allclose(method(features), expected, atol=1e-5)

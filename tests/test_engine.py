@@ -279,3 +279,29 @@ def test_fedmpt_reads_cached_token_features(ray_cluster, tracking_uri, tmp_path,
     client, run = _only_run(tracking_uri)
     trainable = client.get_metric_history(run.info.run_id, "trainable_params")[0].value
     assert run.data.metrics["bytes_up"] == 4 * trainable * 4  # every trainable float goes up, per client
+
+
+@pytest.mark.usefixtures("tiny_clip")
+def test_fedotp_global_metrics_score_the_global_prompt_alone(ray_cluster, tracking_uri, tmp_path):
+    """The workers score val and test with the global model as `Method.load_global` gives it: FedOTP's global
+    prompt alone, not beside the untrained initial local prompt (which took half the transported mass)."""
+    from fedvlp.backbones import load_backbone
+    from fedvlp.data import prepare_data
+    from fedvlp.methods.base import Task
+    from fedvlp.platform.metrics import multilabel_metrics
+    from fedvlp.platform.worker import build_method
+
+    spec = small_run(tracking_uri, tmp_path, "data.num_train=240", "data.num_val=128", "data.num_test=128",
+                     "data.num_holdout=64", "federation.clients=2", "federation.rounds=1", "resources.workers=1",
+                     "method.local_epochs=1", config="fedotp_scenes")
+    result = run_federated(spec, progress=False)
+    data, backbone = prepare_data(spec), load_backbone(spec)
+    val = data.dataset.val
+    features = backbone.encode_images(val.images.load(range(len(val)), backbone.image_size[0]), "tokens").numpy()
+    features = torch.from_numpy(features.astype(np.float16).astype(np.float32))  # as the feature cache holds them
+    method = build_method(spec, backbone, Task(data.dataset.class_names))
+    val_map = lambda: multilabel_metrics(method.score(features).numpy(), val.labels)["mAP"]  # noqa: E731
+    method.load_global(result.final_state)
+    assert result.final["val_mAP"] == pytest.approx(val_map(), abs=1e-6)
+    method.load(result.final_state, None)  # the global prompt with the initial local prompt
+    assert abs(result.final["val_mAP"] - val_map()) > 1e-3

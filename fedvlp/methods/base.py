@@ -11,7 +11,7 @@ knows nothing else about it. Registration checks all of this (`fedvlp.methods.re
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 import torch
 import torch.nn.functional as F
@@ -65,6 +65,13 @@ class Method(torch.nn.Module):
     # parameter-name prefix -> server rule (a name in fedvlp.platform.aggregation.RULES, or LOCAL);
     # the longest prefix wins; `server.rules` in the config overrides entries per prefix
     server_rules: dict[str, str] = {"": "fedavg"}
+    # What the global model (val_*, test_*) is for a method with LOCAL parameters; the clients' own models
+    # (personal_*) are always the global state with each client's local state:
+    #   "global": the global parameters alone: `forward` leaves the local ones out while `global_only` is set
+    #   "initial": the global state with the initial local state, when that is the reference's server model
+    #              (the same seeded start on every client, e.g. FED-PRIME's query projections)
+    global_evaluation: ClassVar[Literal["global", "initial"]] = "initial"
+    global_only = False  # set by `load_global`, cleared by `load`
     backbone: Any  # the frozen backbone (fedvlp.backbones), shared by every method object of a worker
     _initial_local: State
 
@@ -96,7 +103,7 @@ class Method(torch.nn.Module):
         """Logits [B, C] for a batch of frozen inputs of `feature_kind` (what `make_inputs` builds).
 
         Used for training inside `local_update` and, under `torch.no_grad()` and `eval()`, for every
-        evaluation: the global model (global state plus the initial local state) on the val and test sets,
+        evaluation: the global model on the val and test sets (`load_global`: see `global_evaluation`),
         and each client's model (global state plus its own local state) on its local test set."""
         raise NotImplementedError
 
@@ -130,6 +137,12 @@ class Method(torch.nn.Module):
         if not hasattr(self, "_initial_local"):
             object.__setattr__(self, "_initial_local", self.local_state())
         self.load_state_dict({**global_state, **(local_state if local_state is not None else self._initial_local)})
+        self.global_only = False
+
+    def load_global(self, global_state: State) -> None:
+        """Load the global model, the one the val and test sets score (`global_evaluation`)."""
+        self.load(global_state, None)
+        self.global_only = self.global_evaluation == "global"
 
     def loss(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         """The training loss. Default: BCE over known labels (multi-label) or cross-entropy."""

@@ -103,6 +103,7 @@ class FedPrime(Method):
     Params = FedPrimeParams
     backbone_kind = "vilt"
     feature_kind = "embeddings"
+    global_evaluation = "initial"  # the reference's server model keeps the query projections at their seeded start
     server_rules = {"": "fedavg", "inter_pool.prompts": "hungarian", "inter_pool.selected": "hungarian",
                     "intra_pool.query": LOCAL, "inter_pool.query": LOCAL}
     make_inputs = staticmethod(token_inputs)

@@ -191,9 +191,8 @@ class ClientWorker:
             time.sleep(seconds)
 
     def evaluate(self, global_state: dict) -> dict[str, list[tuple[int, np.ndarray]]]:
-        """Logits of this worker's blocks of every evaluation set under the global model (the global
-        state with the initial local state)."""
-        self.method.load(_to(global_state, self.device), None)
+        """Logits of this worker's blocks of every evaluation set under the global model (`Method.load_global`)."""
+        self.method.load_global(_to(global_state, self.device))
         return {name: [(start, self.method.score(inputs).cpu().numpy()) for start, inputs in blocks]
                 for name, blocks in self.eval_blocks.items()}
 
