@@ -7,19 +7,29 @@ worker processes, fedvlp's parallelism without Ray): `prepare_data`,
 `load_backbone`, `build_method`, the frozen features from fedvlp's on-disk cache (the entry a run
 writes), `sample_cohort`, the per-(round, client) generators, `method.local_update` and the server
 rules of `AGGREGATORS` applied in sorted client-id order, as the coordinator applies them. With the
-same spec it reaches the metrics `run_federated` reaches. It covers the CLIP methods (cached image
-features); image+text methods (missing-modality tables) are not wired in.
+same spec it reaches the metrics `run_federated` reaches, on the same evaluation sets (val, test, and each
+client's model on its local test set). It covers the CLIP methods (cached image features); image+text methods
+(missing-modality tables) are not wired in.
+
+Every benchmark parses its arguments with `parse_args` (which adds `--tiny`, a size that runs in seconds, for
+tests) and writes its figures with `write_results`, which records the command line, the machine and the time.
 """
 from __future__ import annotations
 
+import argparse
 import json
 import multiprocessing
 import os
 import platform
+import shlex
+import sys
 import tempfile
 import time
 from collections import defaultdict
+from concurrent.futures import ProcessPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from pathlib import Path
 
 import numpy as np
@@ -33,25 +43,45 @@ from fedvlp.data.feature_cache import FeatureCache, feature_key
 from fedvlp.methods.base import ClientData, Task
 from fedvlp.platform import engine, tracking
 from fedvlp.platform.aggregation import RuleInputs, apply_rule
-from fedvlp.platform.metrics import cooccurring_pairs, multilabel_metrics, single_label_metrics
+from fedvlp.platform.metrics import cooccurring_pairs
 from fedvlp.platform.pool import balance_cohort, client_costs
 from fedvlp.platform.sampling import sample_cohort
 from fedvlp.platform.worker import build_method, server_rules
 from fedvlp.seeding import torch_generator
 
-RESULTS = Path(__file__).resolve().parent / "results"
+RESULTS = Path(__file__).resolve().parent / "results"  # the committed figures, which README's Performance renders
+RESULTS_ENV = "FEDVLP_BENCH_RESULTS"  # another results folder (tests write theirs to a temporary one)
 SCRATCH = Path(tempfile.gettempdir()) / "fedvlp-benchmarks"  # MLflow store and checkpoints of benchmark runs
+# --tiny: small synthetic splits and one local epoch (a script's own overrides, applied after, still win)
+TINY_DATA = ["data.num_train=240", "data.num_val=64", "data.num_test=64", "data.num_holdout=48",
+             "method.local_epochs=1"]
 MiB = 2**20
 # The engine scores the test split in blocks of this many samples. Scores depend on the block where a
 # method stops an iteration on a whole-batch tolerance (FedMPT's Sinkhorn), so the bare loop uses it too.
 EVAL_BLOCK = 256
 
 
-def bench_spec(config: str, overrides: list[str]):
-    """The spec of `config` with `overrides`, tracked in a scratch sqlite store, never the repo's mlflow.db."""
+def bench_spec(config: str, overrides: list[str], tiny: bool = False):
+    """The spec of `config` with `overrides` (after TINY_DATA if `tiny`), tracked in a scratch sqlite store, never
+    the repo's mlflow.db."""
     SCRATCH.mkdir(parents=True, exist_ok=True)
     scratch = [f"tracking.uri=sqlite:///{SCRATCH / 'mlflow.db'}", f"output_dir={SCRATCH / 'runs'}"]
-    return load_spec(config, scratch + list(overrides))
+    return load_spec(config, scratch + (TINY_DATA if tiny else []) + list(overrides))
+
+
+def parse_args(parser: argparse.ArgumentParser, argv: list[str] | None, script: str, tiny: dict) -> argparse.Namespace:
+    """`argv` (default: the command line) parsed, with `--tiny` added: then `tiny`'s values are the defaults
+    (explicit arguments still win), a size that runs in seconds. The namespace also carries the command line
+    (`command`) that `write_results` records."""
+    parser.add_argument("--tiny", action="store_true",
+                        help=f"a tiny size that runs in seconds, for tests; writes under ${RESULTS_ENV} or "
+                             f"{SCRATCH / 'results'}, never {RESULTS}")
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if "--tiny" in argv:
+        parser.set_defaults(**tiny)
+    args = parser.parse_args(argv)
+    args.command = shlex.join(["python", f"benchmarks/{Path(script).name}", *argv])
+    return args
 
 
 def machine() -> dict:
@@ -63,12 +93,56 @@ def machine() -> dict:
             "machine": platform.processor() or platform.machine()}
 
 
-def write_results(name: str, figures: dict) -> Path:
-    out = RESULTS / f"{name}.json"
+@contextmanager
+def torch_threads(count: int | None):
+    """torch's intra-op threads at `count` (None: as they are) for the block, then as they were: a benchmark run
+    inside a test process leaves it as it found it."""
+    previous = torch.get_num_threads()
+    if count:
+        torch.set_num_threads(count)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(previous)
+
+
+def results_dir(tiny: bool) -> Path:
+    """$FEDVLP_BENCH_RESULTS, else benchmarks/results/; a tiny run's figures never land there."""
+    if os.environ.get(RESULTS_ENV):
+        return Path(os.environ[RESULTS_ENV])
+    return SCRATCH / "results" if tiny else RESULTS
+
+
+def write_results(name: str, figures: dict, args: argparse.Namespace) -> Path:
+    """`figures` as <results>/<name>.json, with what produced them: the command line, whether it ran at the tiny
+    size, the UTC time and the machine (`figures`' own "machine", taken before the run, if it has one)."""
+    record = {"command": args.command, "tiny": args.tiny,
+              "utc": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+              "machine": figures.get("machine") or machine(), **figures}
+    out = results_dir(args.tiny) / f"{name}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(figures, indent=2))
+    out.write_text(json.dumps(record, indent=2) + "\n")
     print(f"wrote {out}")
     return out
+
+
+def timed_write_to_disk(write, path: Path) -> dict:
+    """`write(path)` timed twice: until it returns (the data in the page cache; fedvlp's checkpoint stops there) and
+    until the file and its folder are fsynced (the data on the disk); with the bytes written and the filesystem
+    (on tmpfs nothing reaches a disk)."""
+    tic = time.perf_counter()
+    write(path)
+    written = time.perf_counter() - tic
+    for target in (path, path.parent):  # the folder too: the checkpoint is renamed into place
+        fd = os.open(target, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    on_disk = time.perf_counter() - tic
+    mounts = [p for p in psutil.disk_partitions(all=True) if path.resolve().is_relative_to(p.mountpoint)]
+    filesystem = max(mounts, key=lambda p: len(p.mountpoint)).fstype if mounts else "unknown"
+    return {"write_s": written, "on_disk_s": on_disk, "bytes": path.stat().st_size, "filesystem": filesystem}
 
 
 def rss_mib(pid: int) -> float:
@@ -250,15 +324,46 @@ def as_labels(labels: np.ndarray) -> torch.Tensor:
     return torch.from_numpy(labels.astype(np.float32 if labels.ndim == 2 else np.int64))
 
 
-def test_metrics(method, state: dict, test_inputs, labels: np.ndarray, task: Task,
-                 cooccurring: np.ndarray | None = None) -> dict[str, float]:
-    """The metrics of `state` on an evaluation split, as the engine computes them (the local state at its start)."""
-    method.load(state, None)
-    logits = torch.cat([method.score(test_inputs[start : start + EVAL_BLOCK])
-                        for start in range(0, len(test_inputs), EVAL_BLOCK)]).numpy()
-    if task.multilabel:
-        return multilabel_metrics(logits, labels, cooccurring=cooccurring)
-    return single_label_metrics(logits, labels)
+EVAL_SETS = ("val", "test", "personal")
+
+
+class Evaluator:
+    """The engine's evaluation (`engine._evaluate`) in this process, under the engine's metric names: the global
+    model (`Method.load_global`) on each split of `sets` ("val", "test"), scored in blocks of EVAL_BLOCK as the
+    workers score them, and for "personal" each client's model (the global state with its own local state) on its
+    local test set, the mean and spread over the clients."""
+
+    def __init__(self, spec, data, method, backbone, sets=EVAL_SETS):
+        self.method, self.task = method, method.task
+        kind = method.feature_kind
+        self.splits = {name: (as_inputs(method, frozen_features(spec, data, backbone, kind, name)),
+                              data.val.labels if name == "val" else data.test_labels)
+                       for name in sets if name != "personal"}
+        self.cooccurring = cooccurring_pairs(data.dataset.train.labels) if self.task.multilabel else None
+        self.local_tests: dict[int, tuple] = {}
+        if "personal" in sets and len(data.holdout):
+            holdout = frozen_features(spec, data, backbone, kind, "holdout")
+            self.local_tests = {cid: (as_inputs(method, holdout[idx]), data.holdout.labels[idx])
+                                for cid, idx in enumerate(data.local_tests) if len(idx)}
+
+    def __call__(self, state: dict, client_states: dict | None = None) -> dict[str, float]:
+        metrics = {}
+        self.method.load_global(state)
+        for name, (inputs, labels) in self.splits.items():
+            logits = torch.cat([self.method.score(inputs[start : start + EVAL_BLOCK])
+                                for start in range(0, len(inputs), EVAL_BLOCK)]).numpy()
+            metrics.update({f"{name}_{k}": v for k, v in engine._scores(self.task, logits, labels,
+                                                                          self.cooccurring).items()})
+        per_client = []
+        for cid, (inputs, labels) in sorted(self.local_tests.items()):
+            self.method.load(state, (client_states or {}).get(cid))
+            per_client.append(engine._scores(self.task, self.method.score(inputs).numpy(), labels))
+        for key in per_client[0] if per_client else []:
+            values = np.array([m[key] for m in per_client], dtype=np.float64)
+            if not np.isnan(values).all():
+                metrics[f"personal_{key}"] = float(np.nanmean(values))
+                metrics[f"personal_{key}_std"] = float(np.nanstd(values))
+        return metrics
 
 
 def aggregate(rules: dict[str, str], options: dict, rule_states: dict, seed: int, round_index: int,
@@ -290,30 +395,29 @@ class BareResult:
     round_seconds: list[float] = field(default_factory=list)  # local updates + aggregation (+ evaluation)
     total_seconds: float = 0.0
     curve: list[tuple[int, dict[str, float]]] = field(default_factory=list)  # (round, metrics) at each evaluation
+    local_steps: list[int] = field(default_factory=list)  # the cohort's optimizer steps, per round
+    cohorts: list[list[int]] = field(default_factory=list)
 
 
-def run_bare(spec, threads: int = 1, on_round=None, processes: int = 1, eval_split: str = "test") -> BareResult:
+def run_bare(spec, threads: int = 1, on_round=None, processes: int = 1, eval_sets=EVAL_SETS) -> BareResult:
     """`spec`'s federated run with no Ray, no MLflow and no checkpoints: the cohort's local updates in this
     process (`processes=1`) or split over that many worker processes (spawned at start-up, each with
     `threads` torch threads, as fedvlp's workers are). `on_round(round)` is called after each round, as
-    `run_federated` calls it. Scores the `eval_split` split ("val" for anything that chooses)."""
-    previous_threads = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
+    `run_federated` calls it. Evaluates `eval_sets` (`Evaluator`; ("val",) for anything that chooses)."""
+    with torch_threads(threads):
         if processes == 1:
-            return _bare_loop(spec, on_round or (lambda *_: None), None, eval_split)
-        context = multiprocessing.get_context("spawn")
+            return _bare_loop(spec, on_round or (lambda *_: None), None, eval_sets)
         cost = client_costs(spec, prepare_data(spec).parts)
-        with context.Pool(processes, initializer=_bare_worker_start, initargs=(spec, threads)) as pool:
+        # an executor, not a Pool: a worker that fails to start breaks it (an error) instead of being restarted forever
+        with ProcessPoolExecutor(processes, multiprocessing.get_context("spawn"), initializer=_bare_worker_start,
+                                 initargs=(spec, threads)) as pool:
             def train(jobs: list) -> list[dict]:
                 # the cohort split as fedvlp's workers split it: homes cid % processes, then balanced
                 cohort = [cid for _, _, cid, _, _ in jobs]
                 placed = balance_cohort(cohort, {cid: cid % processes for cid in cohort}, cost, processes)
                 shares = [[job for job in jobs if placed[job[2]] == w] for w in range(processes)]
                 return [u for share in pool.map(_bare_worker_updates, shares) for u in share]
-            return _bare_loop(spec, on_round or (lambda *_: None), train, eval_split)
-    finally:
-        torch.set_num_threads(previous_threads)
+            return _bare_loop(spec, on_round or (lambda *_: None), train, eval_sets)
 
 
 _BARE_WORKER: dict = {}
@@ -349,7 +453,7 @@ def _local_updates(jobs: list, method, clients: dict[int, ClientData]) -> list[d
     return updates
 
 
-def _bare_loop(spec, on_round, train, eval_split: str = "test") -> BareResult:
+def _bare_loop(spec, on_round, train, eval_sets) -> BareResult:
     """The loop itself; `train(jobs)` runs a cohort's local updates (None: in this process)."""
     started = time.perf_counter()
     fed = spec.federation
@@ -361,14 +465,12 @@ def _bare_loop(spec, on_round, train, eval_split: str = "test") -> BareResult:
     if train is None:
         clients = _client_data(spec, data, method, backbone)
         train = lambda jobs: _local_updates(jobs, method, clients)  # noqa: E731
-    test_inputs = as_inputs(method, frozen_features(spec, data, backbone, method.feature_kind, eval_split))
-    labels = data.test_labels if eval_split == "test" else getattr(data.dataset, eval_split).labels
-    cooccurring = cooccurring_pairs(data.dataset.train.labels) if task.multilabel else None
+    evaluate = Evaluator(spec, data, method, backbone, eval_sets)
     state = method.global_state()
     rules, options = server_rules(method, spec)
     rule_states: dict[str, dict] = {}
     client_states: dict[int, dict] = {}
-    initial = test_metrics(method, state, test_inputs, labels, task, cooccurring)
+    initial = evaluate(state)
     result = BareResult(initial, initial, time.perf_counter() - started)
 
     for round_index in range(1, fed.rounds + 1):
@@ -377,8 +479,10 @@ def _bare_loop(spec, on_round, train, eval_split: str = "test") -> BareResult:
         updates = train([(spec.seed, round_index, cid, state, client_states.get(cid)) for cid in cohort])
         state = aggregate(rules, options, rule_states, spec.seed, round_index, state, updates)
         client_states.update({u["client_id"]: u["local"] for u in updates if u["local"]})
+        result.local_steps.append(sum(int(u["steps"]) for u in updates))
+        result.cohorts.append(sorted(cohort))
         if round_index % fed.eval_every == 0 or round_index == fed.rounds:
-            result.final = test_metrics(method, state, test_inputs, labels, task, cooccurring)
+            result.final = evaluate(state, client_states)
             result.curve.append((round_index, result.final))
         result.round_seconds.append(time.perf_counter() - tic)
         on_round(round_index)

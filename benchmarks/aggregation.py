@@ -20,14 +20,13 @@ Run: python benchmarks/aggregation.py [--clients 20 100 500] [--tau 20] [--dim 7
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
-import platform
 import time
 from collections import defaultdict
 from pathlib import Path
 
+import _common as common
 import numpy as np
 import torch
 import torch.nn.functional as F
@@ -152,7 +151,7 @@ def timed_run(pools: list[torch.Tensor], outer_loops: int, seed: int) -> tuple[f
     return total, cpu, dict(phases)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--clients", type=int, nargs="+", default=[20, 100, 500])
@@ -163,9 +162,16 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--compare", action="store_true", help="also compare with the reference's schedule")
     parser.add_argument("--compare-max", type=int, default=100, help="largest client count to compare at")
-    args = parser.parse_args()
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    args = common.parse_args(parser, argv, __file__,
+                             tiny={"clients": [4, 8], "tau": 4, "dim": 32, "outer_loops": 2, "compare_max": 4})
+    machine = common.machine()
+    with common.torch_threads(args.threads):
+        figures = measure(args)
+    common.write_results("aggregation", {"machine": machine, **figures}, args)
+
+
+def measure(args) -> dict:
+    """The aggregation's seconds at each client count, how they grow, and (--compare) the reference schedule."""
 
     # warm-up, not timed: lazy inits and first-call kernel choices (seconds at the first size, on one thread)
     timed_run(fedprime_like_pools(args.clients[0], args.tau, args.dim, args.seed), 1, args.seed)
@@ -197,15 +203,9 @@ def main() -> None:
     if args.compare:
         comparisons = compare_all(args)
 
-    figures = {"tau": args.tau, "dim": args.dim, "outer_loops": args.outer_loops, "hidden": 128,
-               "torch_threads": torch.get_num_threads(), "cpu_count": os.cpu_count(),
-               "torch": torch.__version__, "machine": platform.processor() or platform.machine(),
-               "runs": runs, "growth": growth,
-               "compare_reference_schedule": comparisons}
-    out = Path(__file__).parent / "results" / "aggregation.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(figures, indent=2))
-    print(f"wrote {out}")
+    return {"tau": args.tau, "dim": args.dim, "outer_loops": args.outer_loops, "hidden": 128,
+            "torch_threads": torch.get_num_threads(), "runs": runs, "growth": growth,
+            "compare_reference_schedule": comparisons}
 
 
 def compare_all(args) -> list[dict]:

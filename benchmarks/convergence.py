@@ -13,37 +13,40 @@ import os
 import time
 
 import numpy as np
-import torch
-from _common import bench_spec, machine, run_bare, write_results
+from _common import bench_spec, machine, parse_args, run_bare, write_results
 
 CONFIGS = ("quickstart", "fedmpt_scenes", "dualcoop_scenes", "fedotp_scenes", "fedtpg_scenes", "fedlora_scenes")
 STUDY_ROUNDS = 5
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--configs", nargs="+", default=list(CONFIGS))
     parser.add_argument("--rounds", type=int, default=20)
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    args = parser.parse_args()
-    torch.set_num_threads(min(2, os.cpu_count() or 1))
-    figures: dict = {"machine": machine(), "rounds": args.rounds, "seeds": args.seeds, "curves": {}}
+    parser.add_argument("--num-train", type=int, default=1500)
+    args = parse_args(parser, argv, __file__, tiny={"configs": ["quickstart"], "rounds": 1, "seeds": [0],
+                                                    "num_train": 240})
+    study = min(STUDY_ROUNDS, args.rounds)
+    figures: dict = {"machine": machine(), "rounds": args.rounds, "seeds": args.seeds, "study_rounds": study,
+                     "curves": {}}
     for config in args.configs:
         curves = []
         for seed in args.seeds:
             tic = time.perf_counter()
-            spec = bench_spec(config, [f"seed={seed}", "federation.heterogeneity=0.5", "data.num_train=1500",
-                                       f"federation.rounds={args.rounds}", "federation.eval_every=1"])
-            result = run_bare(spec, threads=2, eval_split="val")
-            curves.append([result.initial["mAP"]] + [metrics["mAP"] for _, metrics in result.curve])
+            spec = bench_spec(config, [f"seed={seed}", "federation.heterogeneity=0.5",
+                                       f"data.num_train={args.num_train}", f"federation.rounds={args.rounds}",
+                                       "federation.eval_every=1"], args.tiny)
+            result = run_bare(spec, threads=min(2, os.cpu_count() or 1), eval_sets=("val",))
+            curves.append([result.initial["val_mAP"]] + [metrics["val_mAP"] for _, metrics in result.curve])
             print(f"{config} seed {seed}: {time.perf_counter() - tic:.0f} s", flush=True)
         mean = np.mean(curves, axis=0)
-        gains = [c[-1] - c[STUDY_ROUNDS] for c in curves]
+        gains = [c[-1] - c[study] for c in curves]
         figures["curves"][config] = {"per_seed": curves, "mean": mean.tolist(), "gain_after_study": gains}
-        print(f"{config}: val mAP round 0 {mean[0]:.3f}, round {STUDY_ROUNDS} {mean[STUDY_ROUNDS]:.3f}, "
-              f"round {args.rounds} {mean[-1]:.3f}; gain after round {STUDY_ROUNDS} {np.mean(gains):+.3f} "
+        print(f"{config}: val mAP round 0 {mean[0]:.3f}, round {study} {mean[study]:.3f}, "
+              f"round {args.rounds} {mean[-1]:.3f}; gain after round {study} {np.mean(gains):+.3f} "
               f"(per seed {', '.join(f'{g:+.3f}' for g in gains)})", flush=True)
-    write_results("convergence", figures)
+    write_results("convergence", figures, args)
 
 
 if __name__ == "__main__":

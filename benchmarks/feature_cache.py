@@ -119,7 +119,7 @@ def disk_cache_startup(spec) -> dict:
             "miss_over_hit": round(miss_s / hit_s, 1)}
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--clients", type=int, default=50)
     parser.add_argument("--participation", type=float, default=0.2)
@@ -127,16 +127,22 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--backbone", default="tiny-clip",
                         help="tiny-clip (fedvlp's), or an open_clip name with random weights")
-    args = parser.parse_args()
-    torch.set_num_threads(1)
+    args = common.parse_args(parser, argv, __file__, tiny={"clients": 4, "participation": 0.5, "cohort": 2,
+                                                           "repeats": 1})
+    with common.torch_threads(1):
+        figures = measure(args)
+    common.write_results(f"feature_cache{'' if args.backbone == 'tiny-clip' else '-' + args.backbone}", figures, args)
 
+
+def measure(args) -> dict:
     overrides = [f"federation.clients={args.clients}", f"federation.participation={args.participation}"]
     if args.backbone != "tiny-clip":
         overrides += [f"backbone.name={args.backbone}", "backbone.pretrained=none"]
-    spec = common.bench_spec("quickstart", overrides)
+    spec = common.bench_spec("quickstart", overrides, args.tiny)
     prepare_backbone(spec, progress=False)
     figures = {"machine": common.machine(), "method": "promptfl", "torch_threads": 1,
-               "local_epochs": spec.method.params.local_epochs, "batch_size": spec.method.params.batch_size}
+               "local_epochs": spec.method.params.local_epochs, "batch_size": spec.method.params.batch_size,
+               "target_speedup": TARGET_SPEEDUP}
 
     rounds = round_comparison(spec, args.cohort, args.repeats)
     figures["round"] = rounds
@@ -155,7 +161,7 @@ def main() -> None:
         figures["disk_cache_startup"] = startup
         print(f"start-up, {startup['samples']} train+test features: disk-cache hit {startup['hit_s']:.3f} s, "
               f"miss (encode in this process + write) {startup['miss_s']:.2f} s, x{startup['miss_over_hit']:.0f}")
-    common.write_results(f"feature_cache{'' if args.backbone == 'tiny-clip' else '-' + args.backbone}", figures)
+    return figures
 
 
 if __name__ == "__main__":

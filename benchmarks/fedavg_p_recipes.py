@@ -14,16 +14,14 @@ Prints the val accuracy after every round and writes benchmarks/results/fedavg_p
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import time
-from pathlib import Path
 
+import _common as common
 import numpy as np
 import torch
 
-from fedvlp.backbones import load_backbone
-from fedvlp.config import load_spec
+from fedvlp.backbones import load_backbone, prepare_backbone
 from fedvlp.data.missing import FULL, apply_missing, client_missing_tables
 from fedvlp.data.partition import partition_dirichlet
 from fedvlp.data.recipes import generate_recipes
@@ -33,10 +31,8 @@ from fedvlp.platform.metrics import single_label_metrics
 from fedvlp.platform.worker import build_method
 from fedvlp.seeding import torch_generator
 
-CONFIG = Path(__file__).resolve().parent.parent / "configs" / "fedavg_p_recipes.yaml"
 
-
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--num-train", type=int, default=1000)
@@ -44,12 +40,19 @@ def main() -> None:
     parser.add_argument("--lr", type=float, default=0.1)
     parser.add_argument("--local-epochs", type=int, default=3)
     parser.add_argument("--seed", type=int, default=0)
-    args = parser.parse_args()
-    torch.set_num_threads(1)  # what a worker uses; the model is tiny
+    args = common.parse_args(parser, argv, __file__,
+                             tiny={"rounds": 1, "num_train": 60, "num_val": 40, "local_epochs": 1})
+    machine = common.machine()
+    with common.torch_threads(1):  # what a worker uses; the model is tiny
+        figures = measure(args)
+    common.write_results("fedavg_p_recipes", {"machine": machine, **figures}, args)
 
-    spec = load_spec(str(CONFIG), [f"seed={args.seed}", f"method.lr={args.lr}",
-                                   f"method.local_epochs={args.local_epochs}"])
+
+def measure(args) -> dict:
+    spec = common.bench_spec("fedavg_p_recipes", [f"seed={args.seed}", f"method.lr={args.lr}",
+                                                  f"method.local_epochs={args.local_epochs}"])
     data, fed = spec.data, spec.federation
+    prepare_backbone(spec, progress=False)
     backbone = load_backbone(spec)
     train = generate_recipes(args.num_train, "train", args.seed)
     val = generate_recipes(args.num_val, "val", args.seed)
@@ -80,17 +83,13 @@ def main() -> None:
         method.load(state, None)
         accuracy.append(single_label_metrics(method.score(val_inputs).numpy(), val.labels)["accuracy"])
         print(f"round {round_index + 1:>2}: val accuracy {accuracy[-1]:.3f}", flush=True)
-    figures = {"seed": args.seed, "num_train": args.num_train, "num_val": args.num_val, "clients": fed.clients,
-               "dirichlet_alpha": fed.dirichlet_alpha, "missing_rate": data.missing_rate,
-               "missing_type": data.missing_type, "missing_client_skew": data.missing_client_skew,
-               "method": {k: getattr(spec.method.params, k) for k in ("prompt_length", "prompt_layers", "lr",
-                                                                       "batch_size", "local_epochs")},
-               "val_accuracy": [round(a, 4) for a in accuracy], "seconds": round(time.perf_counter() - tic, 1),
-               "cpu_seconds": round(time.process_time() - cpu, 1), "load_average": os.getloadavg()[0]}
-    out = Path(__file__).resolve().parent / "results" / "fedavg_p_recipes.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(figures, indent=2))
-    print(f"wrote {out}")
+    return {"seed": args.seed, "num_train": args.num_train, "num_val": args.num_val, "clients": fed.clients,
+            "dirichlet_alpha": fed.dirichlet_alpha, "missing_rate": data.missing_rate,
+            "missing_type": data.missing_type, "missing_client_skew": data.missing_client_skew,
+            "method": {k: getattr(spec.method.params, k) for k in ("prompt_length", "prompt_layers", "lr",
+                                                                    "batch_size", "local_epochs")},
+            "val_accuracy": [round(a, 4) for a in accuracy], "seconds": round(time.perf_counter() - tic, 1),
+            "cpu_seconds": round(time.process_time() - cpu, 1), "load_average": os.getloadavg()[0]}
 
 
 if __name__ == "__main__":

@@ -18,18 +18,14 @@ Run: python benchmarks/fedmpt_round.py [--repeats 5] [--threads 1] [--profile] [
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import platform
 import statistics
 import time
-from pathlib import Path
 
+import _common as common
 import numpy as np
 import torch
 
-from fedvlp.backbones import load_backbone
-from fedvlp.config import load_spec
+from fedvlp.backbones import load_backbone, prepare_backbone
 from fedvlp.data import prepare_data
 from fedvlp.methods.base import ClientData, Task
 from fedvlp.platform.worker import build_method
@@ -38,9 +34,10 @@ from fedvlp.seeding import torch_generator
 CONFIGS = {"fedmpt": "fedmpt_scenes", "promptfl": "quickstart"}
 
 
-def client_setup(config: str):
+def client_setup(config: str, tiny: bool):
     """(method, one client's ClientData, one worker's test features, spec), as a worker holds them."""
-    spec = load_spec(config)
+    spec = common.bench_spec(config, [], tiny)
+    prepare_backbone(spec, progress=False)
     data = prepare_data(spec)
     backbone = load_backbone(spec, "cpu")
     task = Task(data.dataset.class_names, data.dataset.multilabel)
@@ -120,20 +117,24 @@ def profile_local_update(method, client: ClientData, seed: int, top: int) -> lis
              "self_cpu_share": round(e.self_cpu_time_total / total, 3)} for e in events[:top]]
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeats", type=int, default=5, help="timed local updates per method (median reported)")
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads (a worker's num_cpus)")
     parser.add_argument("--profile", action="store_true", help="profile one more FedMPT update, top ops by self CPU")
     parser.add_argument("--top", type=int, default=15, help="ops listed under --profile")
-    args = parser.parse_args()
-    torch.set_num_threads(args.threads)
+    args = common.parse_args(parser, argv, __file__, tiny={"repeats": 1})
+    machine = common.machine()
+    with common.torch_threads(args.threads):
+        figures = {"machine": machine, **measure(args)}
+    common.write_results("fedmpt_round", figures, args)
 
-    figures = {"torch_threads": torch.get_num_threads(), "cpu_count": os.cpu_count(), "torch": torch.__version__,
-               "machine": platform.processor() or platform.machine(), "methods": {}}
+
+def measure(args) -> dict:
+    figures: dict = {"torch_threads": torch.get_num_threads(), "methods": {}}
     setups = {}
     for name, config in CONFIGS.items():
-        method, client, test, spec = client_setup(config)
+        method, client, test, spec = client_setup(config, args.tiny)
         setups[name] = (method, client, spec)
         p = method.params
         time_local_updates(method, client, spec.seed, 1)  # warm-up: lazy inits, allocator, not timed
@@ -166,11 +167,7 @@ def main() -> None:
     if args.profile:
         method, client, spec = setups["fedmpt"]
         figures["fedmpt_profile_top_ops"] = profile_local_update(method, client, spec.seed, args.top)
-
-    out = Path(__file__).parent / "results" / "fedmpt_round.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(figures, indent=2))
-    print(f"wrote {out}")
+    return figures
 
 
 if __name__ == "__main__":

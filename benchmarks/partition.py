@@ -6,12 +6,11 @@ Run: python benchmarks/partition.py [--samples 1000000] [--classes 80] [--client
 from __future__ import annotations
 
 import argparse
-import json
 import resource
 import time
 import tracemalloc
-from pathlib import Path
 
+import _common as common
 import numpy as np
 
 from fedvlp.data.partition import label_distribution_js, partition_heterogeneity
@@ -26,13 +25,14 @@ def coco_like_labels(n: int, classes: int, seed: int = 0) -> np.ndarray:
     return (labels ^ flips).astype(np.int8)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--samples", type=int, default=1_000_000)
     parser.add_argument("--classes", type=int, default=80)
     parser.add_argument("--clients", type=int, default=1_000)
     parser.add_argument("--t", type=float, default=0.5)
-    args = parser.parse_args()
+    args = common.parse_args(parser, argv, __file__, tiny={"samples": 20_000, "clients": 50})
+    machine = common.machine()
 
     labels = coco_like_labels(args.samples, args.classes)
     tracemalloc.start()
@@ -46,7 +46,7 @@ def main() -> None:
     js_s = time.perf_counter() - tic
     sizes = np.array([len(p) for p in parts])
     figures = {
-        "samples": args.samples, "classes": args.classes, "clients": args.clients, "t": args.t,
+        "machine": machine, "samples": args.samples, "classes": args.classes, "clients": args.clients, "t": args.t,
         "partition_seconds": round(partition_s, 2), "partition_peak_mib": round(peak / 2**20, 1),
         "labels_mib": round(labels.nbytes / 2**20, 1), "process_max_rss_mib": round(
             resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
@@ -55,10 +55,7 @@ def main() -> None:
     }
     for key, value in figures.items():
         print(f"{key:>28}: {value}")
-    out = Path(__file__).parent / "results" / "partition.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(figures, indent=2))
-    print(f"wrote {out}")
+    common.write_results("partition", figures, args)
 
 
 if __name__ == "__main__":

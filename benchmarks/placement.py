@@ -42,12 +42,19 @@ def step_makespans(spec) -> dict[str, float]:
     return {arm: round(statistics.mean(v), 3) for arm, v in out.items()}
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--rounds", type=int, default=60)
-    args = parser.parse_args()
-    workload = argparse.Namespace(clients=50, participation=0.2, rounds=args.rounds, workers=2)
+    parser.add_argument("--clients", type=int, default=50)
+    parser.add_argument("--participation", type=float, default=0.2)
+    args = common.parse_args(parser, argv, __file__,
+                             tiny={"repeats": 1, "rounds": 2, "clients": 6, "participation": 0.5})
+    if args.rounds < 2:
+        parser.error("--rounds: at least 2 (round 1 warms up)")
+    machine = common.machine()
+    workload = argparse.Namespace(clients=args.clients, participation=args.participation, rounds=args.rounds,
+                                  workers=2, tiny=args.tiny)
     base = workload_spec("promptfl", workload)
     warm_feature_cache(base)
     steps = step_makespans(base)
@@ -59,9 +66,11 @@ def main() -> None:
             print(f"  repeat {repeat + 1}, {arm}: median round {runs[arm][-1]['median_round_s']:.3f} s", flush=True)
     finals = {arm: [r["final"] for r in runs[arm]] for arm in ARMS}
     assert all(f == finals["home"][0] for arm in ARMS for f in finals[arm]), "placement changed the metrics"
-    figures: dict = {"machine": common.machine(), "rounds": args.rounds, "repeats": args.repeats,
-                     "busiest_worker_steps_per_epoch": steps, "arms": {}}
-    print(f"\nPromptFL, 50 clients, 10 per round, 2 workers, {args.rounds} rounds, {args.repeats} repeats alternating")
+    figures: dict = {"machine": machine, "clients": args.clients, "participation": args.participation,
+                     "rounds": args.rounds, "repeats": args.repeats, "busiest_worker_steps_per_epoch": steps,
+                     "arms": {}}
+    print(f"\nPromptFL, {args.clients} clients, {base.federation.participation:g} of them per round, 2 workers, "
+          f"{args.rounds} rounds, {args.repeats} repeats alternating")
     print(f"busiest worker's local steps per epoch, mean over rounds: home {steps['home']}, balanced "
           f"{steps['balanced']}, an even split {steps['even']}")
     print(f"{'placement':<10} {'median round s':>15} {'round CPU s':>12} {'busiest worker s':>17}")
@@ -71,12 +80,12 @@ def main() -> None:
         figures["arms"][arm] = {**median, "busiest_worker_s": round(busiest, 3), "runs": runs[arm]}
         print(f"{arm:<10} {median['median_round_s']:>15.3f} {median['median_round_cpu_s']:>12.3f} {busiest:>17.3f}")
     new, old = figures["arms"]["balanced"], figures["arms"]["home"]
-    ratio = {key: new[key] / old[key] for key in ("median_round_s", "median_round_cpu_s", "busiest_worker_s")}
+    ratio = {key: round(new[key] / old[key], 3) for key in ("median_round_s", "median_round_cpu_s", "busiest_worker_s")}
     figures["balanced_over_home"] = ratio
     print(f"balanced / home: median round x{ratio['median_round_s']:.2f}, "
           f"round CPU x{ratio['median_round_cpu_s']:.2f}, busiest worker x{ratio['busiest_worker_s']:.2f}; "
           "final metrics identical")
-    common.write_results("placement", figures)
+    common.write_results("placement", figures, args)
 
 
 if __name__ == "__main__":

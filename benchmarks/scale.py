@@ -25,15 +25,16 @@ checkpoint holds the in-memory states and the index of the spilled ones. fedotp 
 a local prompt per client) runs at the largest N: round time, coordinator RSS, what one state weighs.
 Then a ClientStateStore is given a state of that shape for every one of the N clients, as the
 coordinator's is once all have taken part, with the default budget and with budget 0 (all spilled):
-memory held, files, and per round the checkpoint's size and serialisation seconds and the cohort's reads.
+memory held, files, and per round the cohort's reads and the checkpoint, written as the engine writes it
+(`save_checkpoint`, into the runs' output_dir): its bytes, the seconds until the write returns (the page cache:
+fedvlp does not fsync) and until it is on the disk (file and folder fsynced), and the filesystem it went to.
 
-Run: python benchmarks/scale.py [--clients 100 1000 10000] [--rounds 6] [--num-train 20000] [--no-local-state]
+Run: python benchmarks/scale.py [--clients 100 1000 10000] [--rounds 10] [--samples-per-client 2] [--no-local-state]
 Writes benchmarks/results/scale.json.
 """
 from __future__ import annotations
 
 import argparse
-import io
 import os
 import tempfile
 import time
@@ -55,7 +56,7 @@ def scale_spec(config: str, clients: int, args, method_overrides: list[str]):
         f"federation.clients={clients}", f"federation.participation={COHORT / clients}",
         "federation.partition=iid", f"federation.rounds={args.rounds}", f"federation.eval_every={args.rounds}",
         f"data.num_train={clients * args.samples_per_client}", "resources.workers=2", "tracking.experiment=bench-scale",
-        *method_overrides])
+        *method_overrides], args.tiny)
 
 
 class MemoryPeaks:
@@ -129,30 +130,33 @@ def client_state_footprint(spec, clients: int) -> dict:
         raise RuntimeError("fedotp run: no client-local state in memory to measure "
                            "(resources.client_state_memory_mb=0?)")
     budget_mib = spec.resources.client_state_memory_mb
+    out_dir = Path(spec.output_dir).resolve()
     return {"clients": clients, "run": figures, "states_in_memory": len(stored.in_memory),
             "states_on_disk": len(stored.on_disk), "state_shapes": {k: list(t.shape) for k, t in one.items()},
             "state_bytes": sum(t.numel() * t.element_size() for t in one.values()),
             "checkpoint_mib_after_run": round(checkpoint_path.stat().st_size / MiB, 2),
             "every_client_has_state": {
-                f"in memory (budget {budget_mib:g} MiB)": filled_store(one, clients, int(budget_mib * MiB), checkpoint),
-                "spilled (budget 0)": filled_store(one, clients, 0, checkpoint)}}
+                f"in memory (budget {budget_mib:g} MiB)": filled_store(one, clients, int(budget_mib * MiB), checkpoint,
+                                                                       out_dir),
+                "spilled (budget 0)": filled_store(one, clients, 0, checkpoint, out_dir)}}
 
 
-def filled_store(state: dict, clients: int, budget_bytes: int, checkpoint: dict) -> dict:
+def filled_store(state: dict, clients: int, budget_bytes: int, checkpoint: dict, out_dir: Path) -> dict:
     """A ClientStateStore given `state` for every client, as the coordinator's is once all have taken part:
-    what it holds, and what a round then costs it (its checkpoint, the cohort's reads)."""
+    what it holds, and what a round then costs it (its checkpoint, written into `out_dir`; the cohort's reads)."""
     from fedvlp.platform.client_states import ClientStateStore
+    from fedvlp.platform.engine import save_checkpoint
 
-    with tempfile.TemporaryDirectory() as spill_dir:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=out_dir) as spill_dir:
         store = ClientStateStore(spill_dir, budget_bytes)
         tic = time.perf_counter()
         for cid in range(clients):
             store.put(cid, {k: t.clone() for k, t in state.items()}, round_index=1)
         put_s = time.perf_counter() - tic
-        tic = time.perf_counter()
-        buffer = io.BytesIO()
-        torch.save({**checkpoint, "clients": store.snapshot()}, buffer)  # what save_checkpoint writes each round
-        checkpoint_s = time.perf_counter() - tic
+        written = common.timed_write_to_disk(  # what the engine writes each round
+            lambda path: save_checkpoint(path, {**checkpoint, "clients": store.snapshot()}),
+            Path(spill_dir) / "round" / "checkpoint.pt")
         tic = time.perf_counter()
         for cid in range(COHORT):
             store.get(cid)
@@ -160,23 +164,24 @@ def filled_store(state: dict, clients: int, budget_bytes: int, checkpoint: dict)
         files = list(Path(spill_dir).glob("*.safetensors"))
         return {"memory_mib": round(store.memory_bytes / MiB, 1), "spilled_files": len(files),
                 "disk_mib": round(sum(f.stat().st_size for f in files) / MiB, 1), "put_all_s": round(put_s, 2),
-                "checkpoint_mib": round(buffer.tell() / MiB, 2), "checkpoint_s": round(checkpoint_s, 3),
+                "checkpoint_mib": round(written["bytes"] / MiB, 2), "checkpoint_s": round(written["write_s"], 3),
+                "checkpoint_on_disk_s": round(written["on_disk_s"], 3), "checkpoint_filesystem": written["filesystem"],
                 "cohort_get_s": round(cohort_get_s, 4)}
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--clients", type=int, nargs="+", default=[100, 1_000, 10_000])
     parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--samples-per-client", type=int, default=2,
                         help="every client's samples (the training set is N times this), so a cohort's work is fixed")
     parser.add_argument("--no-local-state", action="store_true", help="skip the fedotp client-local state run")
-    args = parser.parse_args()
+    args = common.parse_args(parser, argv, __file__, tiny={"clients": [COHORT, 2 * COHORT], "rounds": 3})
     if args.rounds < 3:
         parser.error("--rounds: at least 3 (round 1 warms up, the last also evaluates)")
 
     figures = {"machine": common.machine(), "cohort": COHORT, "rounds": args.rounds,
-               "samples_per_client": args.samples_per_client,
+               "samples_per_client": args.samples_per_client, "target_spread": TARGET_SPREAD,
                "method": "promptfl", "runs": []}
     print(f"{'clients':>8}{'start-up s':>12}{'s/round':>9}{'client update s':>17}{'rest s':>8}{'CPU s/round':>13}"
           f"{'driver MiB':>12}{'coord MiB':>11}{'workers MiB':>14}  slowest start-up phases")
@@ -217,9 +222,10 @@ def main() -> None:
         for mode, f in local["every_client_has_state"].items():
             print(f"  {mode:<28} holds {f['memory_mib']:>6.1f} MiB, {f['spilled_files']:>5} files "
                   f"({f['disk_mib']} MiB); filled in {f['put_all_s']:.1f} s; per round: checkpoint "
-                  f"{f['checkpoint_mib']:.2f} MiB in {f['checkpoint_s']:.2f} s, the cohort's states read in "
+                  f"{f['checkpoint_mib']:.2f} MiB written in {f['checkpoint_s']:.2f} s, on disk "
+                  f"({f['checkpoint_filesystem']}) in {f['checkpoint_on_disk_s']:.2f} s, the cohort's states read in "
                   f"{f['cohort_get_s']:.4f} s")
-    common.write_results("scale", figures)
+    common.write_results("scale", figures, args)
 
 
 if __name__ == "__main__":

@@ -11,13 +11,13 @@ Run: python benchmarks/soak.py [--rounds 300] [--every 50] [--warmup 50]
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import platform
+import shutil
 import tempfile
 import time
 from pathlib import Path
 
+import _common as common
 import psutil
 
 from fedvlp.config import load_spec
@@ -44,19 +44,20 @@ def run_processes() -> dict[str, psutil.Process]:
     return found
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=300)
     parser.add_argument("--every", type=int, default=50, help="print memory every this many rounds")
     parser.add_argument("--warmup", type=int, default=50, help="growth is measured from this round on")
-    args = parser.parse_args()
+    args = common.parse_args(parser, argv, __file__, tiny={"rounds": 2, "every": 1, "warmup": 1})
+    machine = common.machine()
 
     workdir = Path(tempfile.mkdtemp(prefix="fedvlp-soak-"))
     spec = load_spec(None, [
         "data.num_train=500", "data.num_test=256", "federation.clients=10", "federation.participation=0.5",
         f"federation.rounds={args.rounds}", f"federation.eval_every={args.every}", "method.local_epochs=1",
         f"tracking.uri=sqlite:///{workdir / 'mlflow.db'}", "tracking.experiment=soak", f"output_dir={workdir / 'runs'}",
-    ])
+        *(common.TINY_DATA if args.tiny else [])])
     samples: dict[int, dict[str, float]] = {}
 
     def on_round(round_index, metrics, checkpoint):
@@ -67,8 +68,11 @@ def main() -> None:
             print(f"round {round_index:4d}  " + sizes, flush=True)
 
     tic = time.perf_counter()
-    run_federated(spec, progress=False, on_round=on_round)
-    seconds = time.perf_counter() - tic
+    try:
+        run_federated(spec, progress=False, on_round=on_round)
+        seconds = time.perf_counter() - tic
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
 
     start = min((r for r in samples if r >= args.warmup), default=min(samples))
     end = max(samples)
@@ -77,12 +81,10 @@ def main() -> None:
     print(f"RSS growth from round {start} to round {end} (target < {TARGET_MB} MB per process):")
     for name, mb in growth.items():
         print(f"  {name:<12} {mb:+7.1f} MB  {'met' if mb < TARGET_MB else 'MISSED'}")
-    out = Path(__file__).resolve().parent / "results" / "soak.json"
-    out.parent.mkdir(exist_ok=True)
-    out.write_text(json.dumps({"rounds": args.rounds, "seconds": seconds, "rss_mb_by_round": samples,
-                               "growth_mb": growth, "from_round": start, "to_round": end, "target_mb": TARGET_MB,
-                               "machine": platform.platform(), "cpus": os.cpu_count()}, indent=2))
-    print(f"wrote {out}")
+    common.write_results("soak", {"machine": machine, "rounds": args.rounds, "seconds": round(seconds, 1),
+                                  "seconds_per_round": round(seconds / args.rounds, 3), "rss_mb_by_round": samples,
+                                  "growth_mb": growth, "from_round": start, "to_round": end, "target_mb": TARGET_MB},
+                         args)
 
 
 if __name__ == "__main__":

@@ -51,36 +51,38 @@ def cpu_alone(code: str) -> float:
     return (after.children_user - before.children_user) + (after.children_system - before.children_system)
 
 
-def quickstart_to_round_1() -> tuple[float, float]:
+def quickstart_to_round_1(tiny: bool) -> tuple[float, float]:
     """(wall s, CPU s of this process and its descendants) from launch to the end of round 1."""
-    spec = common.bench_spec("quickstart", ["federation.rounds=1"])
+    spec = common.bench_spec("quickstart", ["federation.rounds=1"], tiny)
     clock = common.RoundClock()
     common.engine.run_federated(spec, progress=False, on_round=clock)
     wall, cpu = clock.marks[0]
     return wall - clock.start[0], cpu - clock.start[1]
 
 
-def shell_to_round_1() -> float:
+def shell_to_round_1(tiny: bool) -> float:
     """Wall seconds from launching `fedvlp run` (the quickstart, 1 round) to its printing round 1."""
+    overrides = ["federation.rounds=1", *(common.TINY_DATA if tiny else [])]
     started = time.perf_counter()
     with tempfile.TemporaryDirectory() as workdir:  # its MLflow store and outputs land here
-        proc = subprocess.Popen([sys.executable, "-m", "fedvlp", "run", "--set", "federation.rounds=1"], cwd=workdir,
-                                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        proc = subprocess.Popen([sys.executable, "-m", "fedvlp", "run", *(f"--set={o}" for o in overrides)],
+                                cwd=workdir, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
         assert proc.stdout is not None
         seconds = next(time.perf_counter() - started for line in proc.stdout if line.startswith("round 1/1"))
         proc.communicate()
     return seconds
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--runs", type=int, default=3, help="quickstart runs (the median is reported)")
-    args = parser.parse_args()
+    args = common.parse_args(parser, argv, __file__, tiny={"runs": 1})
+    machine = common.machine()
     cores = os.cpu_count() or 1
-    quickstart_to_round_1()  # warms the backbone and feature caches; not counted
-    runs = [quickstart_to_round_1() for _ in range(args.runs)]
+    quickstart_to_round_1(args.tiny)  # warms the backbone and feature caches; not counted
+    runs = [quickstart_to_round_1(args.tiny) for _ in range(args.runs)]
     wall, cpu = statistics.median(w for w, _ in runs), statistics.median(c for _, c in runs)
-    shell = [shell_to_round_1() for _ in range(args.runs)]
+    shell = [shell_to_round_1(args.tiny) for _ in range(args.runs)]
     alone = {name: round(statistics.median(cpu_alone(code) for _ in range(args.runs)), 2)
              for name, code in ALONE.items()}
     processes = alone["driver imports"] + alone["ray.init"] + 2 * alone["client worker"] + alone["coordinator"]
@@ -94,11 +96,11 @@ def main() -> None:
           + f"; driver + Ray + 2 workers + coordinator = {processes:.2f} CPU s -> {processes / cores:.2f} s on "
           f"{cores} cores")
     common.write_results("startup", {
-        "machine": common.machine(), "runs": [{"wall_s": round(w, 2), "cpu_s": round(c, 2)} for w, c in runs],
+        "machine": machine, "runs": [{"wall_s": round(w, 2), "cpu_s": round(c, 2)} for w, c in runs],
         "shell_s": [round(s, 2) for s in shell], "shell_median_s": round(statistics.median(shell), 2),
         "wall_s": round(wall, 2), "cpu_s": round(cpu, 2), "cpu_floor_s": round(cpu / cores, 2),
-        "alone_cpu_s": alone, "processes_cpu_s": round(processes, 2), "target_s": TARGET_S,
-        "measured_at": time.strftime("%Y-%m-%d %H:%M:%S")})
+        "alone_cpu_s": alone, "processes_cpu_s": round(processes, 2),
+        "processes_floor_s": round(processes / cores, 2), "target_s": TARGET_S}, args)
 
 
 if __name__ == "__main__":

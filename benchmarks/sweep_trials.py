@@ -20,6 +20,7 @@ import dataclasses
 import shutil
 import statistics
 import time
+from pathlib import Path
 
 import _common as common
 
@@ -85,11 +86,11 @@ def trial_costs(spans: dict, uri: str, experiment: str) -> list[dict]:
     return sorted(costs, key=lambda c: c["trial"])
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--space", default="smoke", help="a shipped space name or a space file")
-    args = parser.parse_args()
-    figures: dict = {"machine": common.machine(), "space": args.space}
+    args = common.parse_args(parser, argv, __file__, tiny={"space": str(Path(__file__).parent / "tiny_sweep.yaml")})
+    figures: dict = {"machine": common.machine(), "space": Path(args.space).stem, "target_s": TARGET_S}
     for arm, reuse in (("new", False), ("reused", True)):
         tic = time.perf_counter()
         spans, uri, experiment = timed_sweep(args.space, reuse)
@@ -108,9 +109,11 @@ def main() -> None:
         figures[arm] = {"sweep_seconds": round(total, 1), "median_overhead_s": median,
                         "median_startup_parts_s": parts, "trials": costs}
     new, reused = figures["new"], figures["reused"]
-    print(f"reused / new: overhead per trial x{reused['median_overhead_s'] / new['median_overhead_s']:.2f}, "
-          f"sweep x{reused['sweep_seconds'] / new['sweep_seconds']:.2f}")
-    common.write_results("sweep_trials", figures)
+    figures["reused_over_new"] = {"overhead": round(reused["median_overhead_s"] / new["median_overhead_s"], 2),
+                                  "sweep": round(reused["sweep_seconds"] / new["sweep_seconds"], 2)}
+    print(f"reused / new: overhead per trial x{figures['reused_over_new']['overhead']:.2f}, "
+          f"sweep x{figures['reused_over_new']['sweep']:.2f}")
+    common.write_results("sweep_trials", figures, args)
 
 
 if __name__ == "__main__":

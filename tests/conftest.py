@@ -92,23 +92,28 @@ def small_run(tracking_uri: str, tmp_path, *overrides: str, config: str | None =
     ])
 
 
-def fedvlp_cli(args: list[str], cwd, env: dict | None = None, timeout: float = CLI_TIMEOUT_S,
-               python=sys.executable, driver_path=None, **popen) -> subprocess.CompletedProcess:
-    """`python -m fedvlp ARGS` in its own process group; on timeout the whole group (its local Ray included)
-    is killed before the test fails, so nothing is left running. `env` adds to this process's environment (None
-    removes a variable). `driver_path` goes on the driver's sys.path
-    alone: Ray hands its workers the driver's working and script directories, never other sys.path entries."""
-    command = ["-m", "fedvlp"] if driver_path is None else ["-c", "import sys; sys.path.insert(0, sys.argv.pop(1)); "
-                                                           "from fedvlp.cli import main; sys.exit(main(sys.argv[1:]))",
-                                                           str(driver_path)]
+def run_in_group(argv: list[str], cwd, env: dict | None = None, timeout: float = CLI_TIMEOUT_S,
+                 **popen) -> subprocess.CompletedProcess:
+    """`argv` in its own process group; on timeout the whole group (its local Ray included) is killed before the
+    test fails, so nothing is left running. `env` adds to this process's environment (None removes a variable)."""
     environment = {k: v for k, v in {**os.environ, **(env or {})}.items() if v is not None}
-    proc = subprocess.Popen([str(python), *command, *args], cwd=cwd, env=environment,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+    popen = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE, **popen}
+    proc = subprocess.Popen([str(a) for a in argv], cwd=cwd, env=environment, text=True, start_new_session=True,
                             **popen)
     try:
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         out, err = proc.communicate()
-        pytest.fail(f"fedvlp {' '.join(args)} did not finish within {timeout} s:\n{err[-3000:]}")
+        pytest.fail(f"{' '.join(map(str, argv))} did not finish within {timeout} s:\n{(err or out)[-3000:]}")
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+def fedvlp_cli(args: list[str], cwd, env: dict | None = None, timeout: float = CLI_TIMEOUT_S,
+               python=sys.executable, driver_path=None, **popen) -> subprocess.CompletedProcess:
+    """`python -m fedvlp ARGS` through `run_in_group`. `driver_path` goes on the driver's sys.path alone: Ray hands
+    its workers the driver's working and script directories, never other sys.path entries."""
+    command = ["-m", "fedvlp"] if driver_path is None else ["-c", "import sys; sys.path.insert(0, sys.argv.pop(1)); "
+                                                           "from fedvlp.cli import main; sys.exit(main(sys.argv[1:]))",
+                                                           str(driver_path)]
+    return run_in_group([python, *command, *args], cwd, env, timeout, **popen)

@@ -273,7 +273,8 @@ def _train_round(spec, round_index: int, coordinator, pool: WorkerPool, clock: V
             f"{federation.min_clients_per_round}" + (f" ({why})" if why else ""))
     summary = wait_all([coordinator.aggregate.remote(round_index, cohort, *arrived)],
                        f"round {round_index} aggregation", spec.resources.round_timeout_s)[0]
-    metrics.update(train_loss=summary["train_loss"], bytes_up=summary["bytes_up"], bytes_down=summary["bytes_down"],
+    metrics.update(train_loss=summary["train_loss"], local_steps=summary["local_steps"],
+                   bytes_up=summary["bytes_up"], bytes_down=summary["bytes_down"],
                    clients=len(summary["clients"]), failed_clients=len(failures), late_clients=len(late),
                    replaced_workers=replaced, timings=summary["timings"], **summary["server"],
                    **{f"train_{name}": value for name, value in summary["stats"].items()})

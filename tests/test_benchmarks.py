@@ -1,0 +1,286 @@
+"""The benchmarks: every one runs at its tiny size (`--tiny`) and writes the JSON that README's Performance tables
+are rendered from (with the command, machine and time that produced it); the bare loop reaches fedvlp's metrics
+exactly; README's Performance tables are what the JSON in benchmarks/results/ says.
+
+Tiny runs write under $FEDVLP_BENCH_RESULTS (a temporary folder), never over benchmarks/results/. The benchmarks that
+start Ray or a sweep are drills (slow); overhead.py runs in its own process, since Flower shuts Ray down when its
+simulation ends, and without flwr (CI installs `.[dev]` only) it runs the fedvlp and bare arms and records the
+Flower arms as skipped.
+"""
+import importlib
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from datetime import datetime
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from conftest import REPO, run_in_group, small_run
+
+BENCH = REPO / "benchmarks"
+sys.path.insert(0, str(BENCH))  # the benchmarks import their siblings (_common, overhead) by name
+
+import _common as common  # noqa: E402
+import performance  # noqa: E402
+
+SCRIPTS = sorted(p.stem for p in BENCH.glob("[!_]*.py"))
+SCRIPT_TIMEOUT_S = 600
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_every_benchmark_imports(script):
+    """A benchmark (and its shared `_common`) still imports after a refactor of what it uses."""
+    spec = importlib.util.spec_from_file_location(f"benchmark_{script}", BENCH / f"{script}.py")
+    assert spec is not None and spec.loader is not None
+    spec.loader.exec_module(importlib.util.module_from_spec(spec))
+
+
+def test_every_readme_block_has_its_benchmark_and_every_benchmark_a_tiny_test():
+    names = {name for name, _, _ in performance.BLOCKS.values()}
+    assert {name.split("-")[0] for name in names} <= set(SCRIPTS)
+    tested = {name.removeprefix("test_").removesuffix("_at_tiny_size") for name in globals()
+              if name.endswith("_at_tiny_size")}
+    assert tested == set(SCRIPTS) - {"performance"}
+
+
+@pytest.fixture
+def results(tmp_path, monkeypatch):
+    """The folder tiny runs write to."""
+    monkeypatch.setenv(common.RESULTS_ENV, str(tmp_path / "results"))
+    return tmp_path / "results"
+
+
+def tiny_run(script: str, results: Path, *args: str) -> dict:
+    """`benchmarks/<script>.py --tiny ARGS` in this process; its JSON, checked for what every record holds."""
+    threads = torch.get_num_threads()
+    importlib.import_module(script).main(["--tiny", *args])
+    assert torch.get_num_threads() == threads  # the process as the benchmark found it
+    return read_record(results, script, f"python benchmarks/{script}.py --tiny", *args)
+
+
+def read_record(results: Path, name: str, *command: str) -> dict:
+    record = json.loads((results / f"{name}.json").read_text())
+    assert record["command"] == " ".join(command) and record["tiny"] is True
+    assert record["machine"]["cpu_count"] == os.cpu_count() and record["machine"]["load_average_1min"] >= 0
+    assert abs((datetime.now() - datetime.fromisoformat(record["utc"]).replace(tzinfo=None)).days) <= 1
+    assert not (common.RESULTS / f"{name}.json").exists() or \
+        json.loads((common.RESULTS / f"{name}.json").read_text()).get("tiny") is not True
+    return record
+
+
+def rendered(block: str, record: dict) -> str:
+    """The README block rendered from `record`: every key the README reads is there."""
+    text = "\n".join(performance.BLOCKS[block][1](record))
+    assert record["command"] in text
+    return text
+
+
+def test_a_tiny_run_never_writes_the_committed_figures(monkeypatch):
+    monkeypatch.delenv(common.RESULTS_ENV, raising=False)
+    assert common.results_dir(tiny=False) == common.RESULTS
+    assert common.RESULTS not in [common.results_dir(tiny=True), *common.results_dir(tiny=True).parents]
+
+
+def test_a_write_to_disk_is_timed_to_the_fsync_of_the_file_and_its_folder(tmp_path, monkeypatch):
+    synced = []
+    fsync = os.fsync
+    monkeypatch.setattr(os, "fsync", lambda fd: synced.append(os.readlink(f"/proc/self/fd/{fd}")) or fsync(fd))
+    path = tmp_path / "checkpoint.pt"
+    written = common.timed_write_to_disk(lambda p: p.write_bytes(b"x" * 4096), path)
+    assert synced == [str(path), str(tmp_path)]
+    assert written["bytes"] == 4096 and 0 < written["write_s"] <= written["on_disk_s"]
+    assert written["filesystem"] not in ("", "unknown")
+
+
+# ---------------------------------------------------------------- no Ray
+
+def test_checkpoint_at_tiny_size(results):
+    r = tiny_run("checkpoint", results)
+    assert r["clients"] == 200 and r["new_mib"] > 0.35  # 200 x 2 KB, stacked
+    for layout in ("old", "new"):
+        assert 0 < r[f"{layout}_save_s"] <= r[f"{layout}_on_disk_s"]  # on disk = the save and then the fsync
+    rendered("checkpoint", r)
+
+
+def test_partition_at_tiny_size(results):
+    r = tiny_run("partition", results, "--clients", "40")
+    low, mid, high = r["client_size_min_median_max"]
+    assert r["samples"] == 20_000 and r["clients"] == 40 and 0 < low <= mid <= high
+    assert 0 < r["js_distance"] < 1
+    rendered("partition", r)
+
+
+def test_aggregation_at_tiny_size(results):
+    r = tiny_run("aggregation", results)
+    assert [run["clients"] for run in r["runs"]] == [4, 8] and r["growth"][0]["clients_ratio"] == 2
+    assert all(run["seconds"] > 0 and run["n_global"] == 4 * run["clients"] for run in r["runs"])
+    rendered("aggregation", r)
+
+
+@pytest.mark.usefixtures("tiny_clip")
+def test_fedmpt_round_at_tiny_size(results):
+    r = tiny_run("fedmpt_round", results)
+    assert set(r["methods"]) == {"fedmpt", "promptfl"} and r["torch_threads"] == 1
+    assert all(m["steps"] >= 1 and m["seconds_per_local_update"] > 0 for m in r["methods"].values())
+    assert r["shared_prefix"]["max_state_difference"] < 1e-5
+    rendered("fedmpt_round", r)
+
+
+@pytest.mark.usefixtures("tiny_clip")
+def test_feature_cache_at_tiny_size(results):
+    r = tiny_run("feature_cache", results)
+    rnd = r["round"]
+    assert len(rnd["cohort"]) == 2 and rnd["steps"]["cached"] == rnd["steps"]["encoder"] >= 2
+    assert abs(rnd["mean_loss"]["cached"] - rnd["mean_loss"]["encoder"]) < 1e-2  # the same minibatches
+    assert r["disk_cache_startup"]["samples"] > 0
+    rendered("feature_cache", r)
+
+
+@pytest.mark.usefixtures("tiny_vilt")
+def test_fedavg_p_recipes_at_tiny_size(results):
+    r = tiny_run("fedavg_p_recipes", results)
+    assert len(r["val_accuracy"]) == 1 and 0 <= r["val_accuracy"][0] <= 1 and r["num_train"] == 60
+
+
+@pytest.mark.usefixtures("tiny_clip")
+def test_convergence_at_tiny_size(results):
+    r = tiny_run("convergence", results)
+    curve = r["curves"]["quickstart"]
+    assert len(curve["per_seed"]) == 1 and len(curve["mean"]) == 2  # rounds 0 and 1 on val
+    assert curve["gain_after_study"] == [0.0] and r["study_rounds"] == 1
+
+
+@pytest.mark.usefixtures("tiny_clip")
+def test_scenes_world_at_tiny_size(results):
+    r = tiny_run("scenes_world", results)
+    assert [(run["seed"], run["t"]) for run in r["runs"]] == [(0, 0.0), (0, 1.0)]
+    assert 0 < r["zero_shot_val"]["pooled"] <= 1 and set(r["probe_val"]) == {"train split", "decorrelated"}
+
+
+# ---------------------------------------------------------------- the bare loop against fedvlp
+
+@pytest.mark.usefixtures("tiny_clip")
+# fedmpt: its Sinkhorn's scores depend on the evaluation block; fedotp: a global model without the local prompts,
+# and personal metrics with the clients' local states
+@pytest.mark.parametrize("config", ["fedmpt_scenes", "fedotp_scenes"])
+def test_the_bare_loop_reaches_every_metric_of_fedvlp_exactly(config, ray_cluster, tracking_uri, tmp_path):
+    from fedvlp.platform.engine import run_federated
+
+    # 300 test samples: two evaluation blocks, one on each of the 2 workers
+    spec = small_run(tracking_uri, tmp_path, "data.num_train=240", "data.num_val=64", "data.num_holdout=48",
+                     "data.num_test=300", "federation.participation=0.5", "method.local_epochs=1", config=config)
+    fedvlp = run_federated(spec, progress=False)
+    bare = common.run_bare(spec)
+    assert {"val_mAP", "test_mAP", "personal_mAP", "personal_mAP_std"} <= set(fedvlp.final)
+    np.testing.assert_equal(bare.initial, fedvlp.initial)
+    np.testing.assert_equal(bare.final, fedvlp.final)
+    assert bare.cohorts == [sorted(cid for cid, *_ in h["timings"]) for h in fedvlp.history]
+
+
+# ---------------------------------------------------------------- drills: Ray, sweeps, many processes
+
+def run_script(script: str, results: Path, *args: str) -> subprocess.CompletedProcess:
+    """`python benchmarks/<script>.py ARGS`, its output in `stdout`, writing its JSON to `results`."""
+    proc = run_in_group([sys.executable, BENCH / f"{script}.py", *args], REPO, {common.RESULTS_ENV: str(results)},
+                        SCRIPT_TIMEOUT_S, stderr=subprocess.STDOUT)
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    return proc
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("tiny_clip")
+def test_overhead_at_tiny_size(results):
+    out = run_script("overhead", results, "--tiny").stdout
+    r = read_record(results, "overhead", "python benchmarks/overhead.py --tiny")
+    w = r["methods"]["promptfl"]["2_rounds"]
+    flower = importlib.util.find_spec("flwr") is not None
+    arms = ["fedvlp", "bare", *(["flower", "flower_cached"] if flower else [])]
+    assert list(w["arms"]) == arms and set(r["skipped"]) == (set() if flower else {"flower", "flower_cached"})
+    # every arm did the same work: the same cohorts and local optimizer steps, the same evaluation sets
+    assert w["work"]["same_local_steps"] and w["work"]["same_cohorts"] and w["arms"]["fedvlp"]["local_steps"] > 0
+    assert all(set(a["final"]) == set(w["arms"]["fedvlp"]["final"]) for a in w["arms"].values())
+    assert w["ratios"]["bare_matches_fedvlp"] and "bare vs fedvlp final metrics: identical" in out
+    assert all(gap < 1e-3 for gap in w["work"]["max_metric_gap_to_fedvlp"].values())  # Flower: numpy's FedAvg
+    rendered("overhead", r)
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("tiny_clip")
+def test_placement_at_tiny_size(results, ray_cluster):
+    r = tiny_run("placement", results)
+    steps = r["busiest_worker_steps_per_epoch"]
+    assert steps["even"] <= steps["balanced"] <= steps["home"]
+    assert all(len(a["runs"]) == 1 and a["median_round_s"] > 0 for a in r["arms"].values())
+    rendered("placement", r)
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("tiny_clip")
+def test_scale_at_tiny_size(results, ray_cluster):
+    r = tiny_run("scale", results)
+    assert [run["clients"] for run in r["runs"]] == [10, 20]
+    assert all(len(run["rss_mib"]["workers"]) == 2 and run["steady_round_s"] > 0 for run in r["runs"])
+    local = r["client_local_state"]
+    assert local["clients"] == 20 and local["state_bytes"] > 0
+    spilled = local["every_client_has_state"]["spilled (budget 0)"]
+    assert spilled["spilled_files"] == 20 and spilled["memory_mib"] == 0
+    for f in local["every_client_has_state"].values():  # the checkpoint, timed to the disk
+        assert f["checkpoint_mib"] > 0 and 0 < f["checkpoint_s"] <= f["checkpoint_on_disk_s"]
+        assert f["checkpoint_filesystem"] not in ("", "unknown")
+    rendered("scale", r)
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("tiny_clip")
+def test_soak_at_tiny_size(results, ray_cluster):
+    r = tiny_run("soak", results)
+    assert r["from_round"] == 1 and r["to_round"] == 2
+    assert {"driver", "coordinator", "worker 0", "worker 1"} <= set(r["growth_mb"])
+    rendered("soak", r)
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("tiny_clip")
+def test_startup_at_tiny_size(results, ray_cluster):
+    r = tiny_run("startup", results)
+    assert len(r["runs"]) == 1 and r["shell_median_s"] > 0 and r["cpu_s"] > 0
+    assert set(r["alone_cpu_s"]) == {"driver imports", "client worker", "coordinator", "ray.init"}
+    rendered("startup", r)
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("tiny_clip")
+def test_sweep_trials_at_tiny_size(results, ray_cluster):
+    r = tiny_run("sweep_trials", results)
+    for arm in ("new", "reused"):
+        assert len(r[arm]["trials"]) == 2 and all(t["rounds_s"] > 0 for t in r[arm]["trials"])
+    rendered("sweep_trials", r)
+
+
+# ---------------------------------------------------------------- README's Performance section
+
+def test_readme_performance_tables_are_what_the_json_says():
+    text = (REPO / "README.md").read_text()
+    assert sorted(m["name"] for m in performance.BLOCK.finditer(text)) == sorted(performance.BLOCKS)
+    assert performance.stale_blocks(text, common.RESULTS) == [], "run: python benchmarks/performance.py"
+
+
+def test_the_readme_check_catches_a_figure_that_differs_from_its_json(results):
+    importlib.import_module("checkpoint").main(["--clients", "50", "--repeats", "1"])  # a full-size record
+    readme = "before\n<!-- performance:checkpoint -->\nhand-typed\n<!-- /performance:checkpoint -->\nafter\n"
+    assert performance.stale_blocks(readme, results) == ["checkpoint"]
+    fresh = performance.rendered(readme, results)
+    assert fresh.startswith("before\n") and fresh.endswith("after\n") and performance.stale_blocks(fresh, results) == []
+    record = json.loads((results / "checkpoint.json").read_text())
+    assert f"| {record['new_save_s']:.3f} |" in fresh
+    record["new_save_s"] += 1.0
+    (results / "checkpoint.json").write_text(json.dumps(record))
+    assert performance.stale_blocks(fresh, results) == ["checkpoint"]
+    record["tiny"] = True
+    (results / "checkpoint.json").write_text(json.dumps(record))
+    with pytest.raises(performance.TinyResults):
+        performance.stale_blocks(fresh, results)
