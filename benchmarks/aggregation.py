@@ -29,7 +29,6 @@ from pathlib import Path
 import _common as common
 import numpy as np
 import torch
-import torch.nn.functional as F
 from scipy.optimize import linear_sum_assignment
 
 import fedvlp.platform.clustering as clustering
@@ -52,43 +51,11 @@ def fedprime_like_pools(n_clients: int, tau: int, dim: int, seed: int) -> list[t
     return list(modes[pick] + noise)
 
 
-def per_client_schedule(pools: list[torch.Tensor], generator: torch.Generator, outer_loops: int = 5,
-                        lr: float = 1e-3, hidden: int = 128) -> clustering.Clustering:
-    """The reference's schedule (the previous ``cluster_prompts``): one Adam step per client, each evaluating
-    both networks over all centroids, and client t's assignment solved from the parameters before its step.
-    Same model, initialisation and random draws as ``clustering.cluster_prompts``."""
-    local = torch.stack([p.detach().float() for p in pools])
-    n_clients, n_local, dim = local.shape
-    n_global = n_clients * n_local
-    scale = clustering._init_mlp(dim, hidden, dim, generator)
-    pop = clustering._init_mlp(dim, hidden, 1, generator)
-    assignment = np.stack([torch.randperm(n_global, generator=generator)[:n_local].numpy()
-                           for _ in range(n_clients)]).astype(np.int64)
-    centroids = local.reshape(n_global, dim).clone().requires_grad_(True)
-    params = [p.requires_grad_(True) for p in scale + pop]
-    scale, pop = params[:4], params[4:]
-    opt = torch.optim.Adam([*params, centroids], lr=lr, fused=True)
-    for _ in range(outer_loops):
-        for t in range(n_clients):
-            z = torch.from_numpy(assignment[t])
-            with torch.no_grad():
-                loglik = clustering._loglik_all(local[t], clustering._gaussian_terms(
-                    centroids, clustering._std(clustering._mlp(centroids, scale))))
-            pre_pop = clustering._mlp(centroids, pop).squeeze(1)
-            log_pi, log_1m_pi = F.logsigmoid(pre_pop), F.logsigmoid(-pre_pop)
-            used = torch.zeros(n_global, dtype=torch.bool)
-            used[z] = True
-            c = centroids[z]
-            l1 = clustering._loglik_pairs(local[t], c, clustering._std(clustering._mlp(c, scale))).sum()
-            l2 = torch.where(used, log_pi, log_1m_pi).sum()
-            opt.zero_grad(set_to_none=True)
-            (-(l1 + l2)).backward()
-            opt.step()
-            score = loglik + (log_pi - log_1m_pi).detach()
-            assignment[t] = clustering.linear_sum_assignment(score.double().numpy(), maximize=True)[1]
-    with torch.no_grad():
-        popularity = torch.sigmoid(clustering._mlp(centroids, pop).squeeze(1))
-    return clustering.Clustering(centroids.detach(), assignment, popularity)
+def per_client_schedule(pools: list[torch.Tensor], generator: torch.Generator,
+                        outer_loops: int = 5) -> clustering.Clustering:
+    """The reference's schedule: one Adam step per client, client t's assignment solved from the parameters
+    before its step (``cluster_prompts(schedule="per_client")``), from a fresh popularity network."""
+    return clustering.cluster_prompts(pools, generator, outer_loops=outer_loops, schedule="per_client")
 
 
 def rand_index(a: np.ndarray, b: np.ndarray) -> float:

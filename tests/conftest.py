@@ -24,7 +24,9 @@ CLI_TIMEOUT_S = 300  # well below pytest's per-test timeout (pyproject), so a te
 # Whole sweeps and tuning runs first, so the two test processes end together instead of one waiting on them.
 HEAVY_FIRST = ("test_sweep.py::", "test_extending.py::test_the_example_method_runs_through_a_two_trial_sweep",
                "test_faults.py::test_a_killed_fedotp_driver", "test_engine.py::test_eight_workers",
-               "test_fedprime.py::test_federated_fedprime_logs")
+               "test_fedprime.py::test_federated_fedprime_logs", "test_benchmarks.py::test_overhead",
+               "test_benchmarks.py::test_startup", "test_benchmarks.py::test_sweep_trials",
+               "test_plugin_doors.py::test_a_plugin_by_each_door")
 
 
 def pytest_collection_modifyitems(items):
