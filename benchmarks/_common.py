@@ -358,12 +358,7 @@ class Evaluator:
         for cid, (inputs, labels) in sorted(self.local_tests.items()):
             self.method.load(state, (client_states or {}).get(cid))
             per_client.append(engine._scores(self.task, self.method.score(inputs).numpy(), labels))
-        for key in per_client[0] if per_client else []:
-            values = np.array([m[key] for m in per_client], dtype=np.float64)
-            if not np.isnan(values).all():
-                metrics[f"personal_{key}"] = float(np.nanmean(values))
-                metrics[f"personal_{key}_std"] = float(np.nanstd(values))
-        return metrics
+        return {**metrics, **engine.personal_metrics(per_client)}
 
 
 def aggregate(rules: dict[str, str], options: dict, rule_states: dict, seed: int, round_index: int,

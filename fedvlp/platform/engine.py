@@ -588,14 +588,21 @@ def _evaluate(pool: WorkerPool, coordinator, data, task, cooccurring) -> dict[st
         clients = sorted(pool.local_test_clients)
         by_client = pool.evaluate_clients(state_ref, coordinator.client_states_of.remote(clients))
         holdout = data.holdout.labels
-        per_client = [_scores(task, by_client[cid], holdout[data.local_tests[cid]]) for cid in clients]
-        for key in per_client[0]:
-            values = np.array([m[key] for m in per_client], dtype=np.float64)
-            if np.isnan(values).all():
-                continue
-            metrics[f"personal_{key}"] = float(np.nanmean(values))
-            metrics[f"personal_{key}_std"] = float(np.nanstd(values))
+        metrics.update(personal_metrics([_scores(task, by_client[cid], holdout[data.local_tests[cid]])
+                                         for cid in clients]))
     return metrics
+
+
+def personal_metrics(per_client: list[dict[str, float]]) -> dict[str, float]:
+    """`personal_<metric>` and `personal_<metric>_std`: the mean and spread over the clients of each metric of their
+    own models (a metric no client could score is left out)."""
+    out = {}
+    for key in per_client[0] if per_client else []:
+        values = np.array([m[key] for m in per_client], dtype=np.float64)
+        if not np.isnan(values).all():
+            out[f"personal_{key}"] = float(np.nanmean(values))
+            out[f"personal_{key}_std"] = float(np.nanstd(values))
+    return out
 
 
 HEADLINE = ("val_mAP", "test_mAP", "personal_mAP", "val_accuracy", "test_accuracy", "personal_accuracy")
