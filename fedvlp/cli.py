@@ -48,7 +48,7 @@ def _parser() -> argparse.ArgumentParser:
         "sweep", help="a Ray Tune sweep of whole federated runs, tracked as one MLflow experiment",
         description="Run a search space (tune_spaces/*.yaml): every trial is one whole federated run with its own "
                     "placement group, reporting and checkpointing every round; one MLflow experiment with a parent "
-                    "run and one nested run per trial.")
+                    "run and one nested run per trial. Exits 1 when any trial failed (--resume retries them).")
     sweep.add_argument("space", help="search space: a shipped name (fedvlp list spaces), e.g. smoke, or a YAML path")
     _add_overrides(sweep, "override a dotted key of the base run config for every trial (repeatable)")
     sweep.add_argument("--resume", action="store_true",
