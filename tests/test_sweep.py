@@ -280,3 +280,26 @@ def test_method_settings_from_a_run_config_and_swept_values_win(tmp_path):
     with pytest.raises(ConfigError, match=r"method_settings\.fedmpt: expected a run config of method fedmpt"):
         load_sweep(write_space(tmp_path, space={"method.name": {"grid": ["fedmpt"]}},
                                method_settings={"fedmpt": "quickstart"}))
+
+
+def test_a_sweep_with_a_failed_trial_exits_1(tmp_path, monkeypatch, capsys):
+    """Scripts and CI read the exit code: a failed trial must not leave `fedvlp sweep` at 0 (Tune itself does not
+    raise for it). Tune's result grid is stood in for: its length and `errors` are all the CLI reads here."""
+    from fedvlp import cli
+    from fedvlp.platform import sweep as sweep_module
+
+    class Grid(list):
+        def __init__(self, errors):
+            super().__init__([None, None])
+            self.errors = errors
+
+        def get_best_result(self, **_):
+            return None
+
+    monkeypatch.setattr(sweep_module, "run_sweep", lambda *a, **k: Grid([RuntimeError("trial 1 failed")]))
+    monkeypatch.setattr(cli, "_dashboard", lambda *a, **k: None)
+    monkeypatch.chdir(tmp_path)
+    assert cli.main(["sweep", "smoke"]) == 1
+    assert "1 of 2 trials failed" in capsys.readouterr().err
+    monkeypatch.setattr(sweep_module, "run_sweep", lambda *a, **k: Grid([]))
+    assert cli.main(["sweep", "smoke"]) == 0
