@@ -49,7 +49,7 @@ from fedvlp.platform.sampling import sample_cohort
 from fedvlp.platform.worker import build_method, server_rules
 from fedvlp.seeding import torch_generator
 
-RESULTS = Path(__file__).resolve().parent / "results"  # the committed figures, which README's Performance renders
+RESULTS = Path(__file__).resolve().parent / "results"  # the committed figures, which docs/performance.md renders
 RESULTS_ENV = "FEDVLP_BENCH_RESULTS"  # another results folder (tests write theirs to a temporary one)
 SCRATCH = Path(tempfile.gettempdir()) / "fedvlp-benchmarks"  # MLflow store and checkpoints of benchmark runs
 # --tiny: small synthetic splits and one local epoch (a script's own overrides, applied after, still win)

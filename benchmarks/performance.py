@@ -1,9 +1,10 @@
-"""README's Performance tables, rendered from the benchmarks' JSON, so that every figure there traces to a file.
+"""The Performance page's tables, rendered from the benchmarks' JSON, so that every figure there traces to a file.
 
-README.md holds each table between `<!-- performance:NAME -->` and `<!-- /performance:NAME -->`; this renders them
-from benchmarks/results/<json>.json (each records the command line, the machine and the time that produced it):
+docs/performance.md holds each table between `<!-- performance:NAME -->` and `<!-- /performance:NAME -->`; this
+renders them from benchmarks/results/<json>.json (each records the command line, the machine and the time that
+produced it):
 
-    python benchmarks/performance.py           # rewrite README.md's blocks from benchmarks/results/
+    python benchmarks/performance.py           # rewrite docs/performance.md's blocks from benchmarks/results/
     python benchmarks/performance.py --check   # list the blocks that differ from the JSON, exit 1 if any
 
 A block whose JSON is missing names the command that writes it. A tiny run's JSON (--tiny) is refused.
@@ -18,7 +19,7 @@ from pathlib import Path
 
 import _common as common
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+PAGE = Path(__file__).resolve().parent.parent / "docs" / "performance.md"
 BLOCK = re.compile(r"(<!-- performance:(?P<name>[\w-]+) -->\n)(?P<body>.*?)(<!-- /performance:(?P=name) -->)", re.S)
 METHODS = {"promptfl": "PromptFL", "fedmpt": "FedMPT"}
 ARM_NAMES = {"fedvlp": "fedvlp", "bare": "bare loop", "flower": "Flower (docs)",
@@ -251,7 +252,7 @@ def load(results: Path, name: str) -> dict | None:
 
 
 def render(block: str, results: Path) -> str:
-    """The body of README block `block` from the JSON in `results`."""
+    """The body of the page's block `block` from the JSON in `results`."""
     name, renderer, command = BLOCKS[block]
     record = load(results, name)
     if record is None:
@@ -260,10 +261,10 @@ def render(block: str, results: Path) -> str:
 
 
 def rendered(text: str, results: Path) -> str:
-    """`text` (README.md) with every block rendered afresh; text outside the blocks is untouched."""
+    """`text` (docs/performance.md) with every block rendered afresh; text outside the blocks is untouched."""
     def fill(match: re.Match) -> str:
         if match["name"] not in BLOCKS:
-            raise KeyError(f"README block performance:{match['name']}: no renderer (known: {', '.join(BLOCKS)})")
+            raise KeyError(f"block performance:{match['name']}: no renderer (known: {', '.join(BLOCKS)})")
         return match.group(1) + render(match["name"], results) + match.group(4)
     return BLOCK.sub(fill, text)
 
@@ -277,15 +278,15 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--check", action="store_true", help="list the blocks that differ from the JSON; exit 1 if any")
     parser.add_argument("--results", type=Path, default=common.RESULTS)
-    parser.add_argument("--readme", type=Path, default=README)
+    parser.add_argument("--page", type=Path, default=PAGE, help="the Markdown page holding the blocks")
     args = parser.parse_args(argv)
-    text = args.readme.read_text()
+    text = args.page.read_text()
     if args.check:
         stale = stale_blocks(text, args.results)
         print("stale: " + ", ".join(stale) if stale else "every block matches its JSON")
         return 1 if stale else 0
-    args.readme.write_text(rendered(text, args.results))
-    print(f"rendered {len(BLOCK.findall(text))} blocks into {args.readme}")
+    args.page.write_text(rendered(text, args.results))
+    print(f"rendered {len(BLOCK.findall(text))} blocks into {args.page}")
     return 0
 
 

@@ -5,7 +5,7 @@ import argparse
 import os
 import sys
 
-from fedvlp.errors import FedvlpError
+from fedvlp.errors import ConfigError, FedvlpError
 
 HELP = """fedvlp: federated prompt tuning of frozen vision-language models on Ray, tracked in MLflow.
 
@@ -13,11 +13,17 @@ HELP = """fedvlp: federated prompt tuning of frozen vision-language models on Ra
   fedvlp run CONFIG --set k=v      any run config (a shipped name such as fedmpt_scenes, or a YAML path)
   fedvlp sweep SPACE               a Ray Tune sweep of whole runs (a shipped name such as smoke, or a path)
   fedvlp tune CONFIG --budget N    tune a method's hyper-parameters on val; writes a config you can run
-  fedvlp report EXPERIMENT         tables and plots of a sweep, logged to its MLflow parent run
+  fedvlp report EXPERIMENT         tables, plots and page (index.md) of a sweep, logged to its MLflow parent run
+  fedvlp report --page DIR         rebuild the page of a report folder from its files (no MLflow)
   fedvlp data stats CONFIG         what each client holds, and the heterogeneity figure
   fedvlp list KIND                 shipped configs and spaces; registered methods, datasets, partitioners, rules
+  fedvlp list state METHOD|CONFIG  a method's state keys: shapes, global or local, the server rule of each
   fedvlp pretrain tiny-clip        pretrain and cache the tiny CLIP (done on first use otherwise)
   fedvlp pretrain tiny-vilt        pretrain and cache the tiny ViLT (done on first use otherwise)
+
+plugins (docs/extending.md): a config's `plugins: [module]`, $FEDVLP_PLUGINS=module,module, and the
+`fedvlp.plugins` entry points of installed distributions; FEDVLP_NO_ENTRY_POINTS=1 skips the entry points
+(a broken installed plugin then blocks nothing; its error names the distribution to uninstall).
 """
 
 
@@ -54,7 +60,8 @@ def _parser() -> argparse.ArgumentParser:
     sweep.add_argument("--resume", action="store_true",
                        help="continue an interrupted sweep: finished trials are kept, unfinished ones resume "
                             "from their last round")
-    sweep.add_argument("--report", action="store_true", help="write the report (fedvlp report) when done")
+    sweep.add_argument("--report", action="store_true",
+                       help="write the report (fedvlp report: tables, plots and the page index.md) when done")
 
     tune = commands.add_parser(
         "tune", help="tune a method's hyper-parameters on the val split (Ray Tune + Optuna); writes a config",
@@ -73,11 +80,19 @@ def _parser() -> argparse.ArgumentParser:
     tune.add_argument("--out", help="where to write the tuned config (default CONFIG-tuned.yaml)")
     _add_overrides(tune, "override a dotted key of the config for every trial (repeatable)")
 
-    report = commands.add_parser("report", help="tables and plots of a sweep, logged to its parent run",
+    report = commands.add_parser("report", help="tables, plots and page of a sweep, logged to its parent run",
                                  description="Write Markdown and CSV tables and PNG plots of a sweep's MLflow "
                                              "experiment (final metric vs swept value, metric vs round, mean over "
-                                             "the sweep per method) and log them to the sweep's parent run.")
-    report.add_argument("experiment", help="MLflow experiment of the sweep, e.g. sweep-smoke")
+                                             "the sweep per method) and log them to the sweep's parent run; then "
+                                             "the folder's page, index.md: the hand-written about.md, every table, "
+                                             "every plot with a caption and each subfolder's tables, built from "
+                                             "the folder's files only (do not edit it; edit about.md). --page DIR "
+                                             "rebuilds only the page of a folder already written, e.g. a committed "
+                                             "study under docs/results, without MLflow.")
+    report.add_argument("experiment", nargs="?", help="MLflow experiment of the sweep, e.g. sweep-smoke")
+    report.add_argument("--page", nargs="+", metavar="DIR",
+                        help="only rebuild DIR/index.md from the tables, plots and about.md in DIR (several at once: "
+                             "--page docs/results/*/); no EXPERIMENT, no MLflow, no other option")
     report.add_argument("--metric", help="selection metric to report beside its test counterpart (default: the "
                                          "sweep's metric, e.g. val_mAP)")
     report.add_argument("--reference", help="method the paired differences are taken against (default: the space "
@@ -97,13 +112,21 @@ def _parser() -> argparse.ArgumentParser:
     stats.add_argument("--plot", metavar="PNG", help="also save a client x class count heatmap")
 
     listing = commands.add_parser("list", help="what can be named: configs, spaces, methods, datasets, partitioners, "
-                                               "rules",
+                                               "rules; a method's state keys",
                                   description="List the shipped configs and search spaces, or the registered methods "
                                               "(with their tunable hyper-parameters), datasets (with their options), "
-                                              "partitioners and server rules, plugins included.")
+                                              "partitioners and server rules, plugins included. `list state` builds a "
+                                              "method as a run would (no Ray) and lists its state keys: shape, size, "
+                                              "global or local, and the server rule of each with the prefix that "
+                                              "chose it, to aim a server.rules prefix at one parameter group.")
     listing.add_argument("kind", choices=LIST_KINDS)
-    listing.add_argument("--set", dest="overrides", action="append", default=[], metavar="plugins=[...]",
-                         help="e.g. --set plugins=[my_plugin] to list what a plugin registers")
+    listing.add_argument("target", nargs="?", metavar="METHOD|CONFIG",
+                         help="list state only: a method name (its defaults on the tiny backbone of its kind and "
+                              "its synthetic dataset) or a run config (a shipped name or a YAML path; default: "
+                              "quickstart)")
+    listing.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                         help="e.g. --set plugins=[my_plugin] to list what a plugin registers; list state takes any "
+                              "config key, e.g. --set \"server.rules={'adapter.': mean}\"")
 
     pretrain = commands.add_parser("pretrain", help="pretrain and cache a tiny backbone",
                                    description="Pretrain one of fedvlp's tiny backbones (deterministic) and cache it "
@@ -119,7 +142,8 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-LIST_KINDS = ("configs", "spaces", "methods", "datasets", "partitioners", "rules")
+LIST_KINDS = ("configs", "spaces", "methods", "datasets", "partitioners", "rules", "state")
+TINY = {"clip": ("tiny-clip", "synthetic-scenes"), "vilt": ("tiny-vilt", "synthetic-recipes")}  # list state METHOD
 
 
 def _list(args) -> None:
@@ -128,13 +152,17 @@ def _list(args) -> None:
     from fedvlp.config import CONFIGS_DIR, SPACES_DIR, apply_overrides
     from fedvlp.plugins import env_plugins, load_plugins
 
+    if args.target and args.kind != "state":
+        raise ConfigError(f"list {args.kind}: takes no METHOD|CONFIG (only list state does), got {args.target!r}")
     if args.kind in ("configs", "spaces"):
         for path in sorted((CONFIGS_DIR if args.kind == "configs" else SPACES_DIR).glob("*.yaml")):
             first = path.read_text().splitlines()[0].lstrip("# ") if path.read_text() else ""
             print(f"{path.stem:<26} {first}")
         return
     load_plugins([*env_plugins(), *apply_overrides({}, args.overrides).get("plugins", [])])
-    if args.kind == "methods":
+    if args.kind == "state":
+        _list_state(args.target, args.overrides)
+    elif args.kind == "methods":
         from fedvlp.methods import METHODS
         from fedvlp.spec import tuning_ranges
 
@@ -156,9 +184,51 @@ def _list(args) -> None:
     else:
         from fedvlp.platform.aggregation import RULES
 
+        rule_options = {name: ", ".join(f.name for f in dataclasses.fields(rule.options)) if rule.options else "-"
+                        for name, rule in RULES.items()}
+        width = max(map(len, rule_options.values()))  # the columns line up whatever the longest option list
         for name, rule in RULES.items():
-            options = ", ".join(f.name for f in dataclasses.fields(rule.options)) if rule.options else "-"
-            print(f"{name:<12} {rule.kind:<8} options: {options:<28} {rule.doc}")
+            print(f"{name:<12} {rule.kind:<8} options: {rule_options[name]:<{width}} {rule.doc}")
+
+
+def _list_state(target: str | None, overrides: list[str]) -> None:
+    """The state keys of a method built as a run's workers build it: shape, size, what kind of tensor, global or
+    local, and the server rule of each with the prefix (the method's or the config's) that chose it."""
+    from fedvlp.backbones import load_backbone
+    from fedvlp.config import CONFIGS_DIR, apply_overrides, build_spec, load_spec, resolve_file
+    from fedvlp.data import load_dataset
+    from fedvlp.methods import METHODS
+    from fedvlp.methods.base import LOCAL, Task
+    from fedvlp.platform.worker import build_method, server_rules
+
+    if target is not None and target in METHODS:
+        backbone, data = TINY[METHODS[target].backbone_kind]
+        raw = {"method": {"name": target}, "backbone": {"name": backbone}, "data": {"name": data}}
+        spec = build_spec(apply_overrides(raw, overrides))
+    else:
+        try:
+            path = resolve_file(target, CONFIGS_DIR, "config") if target else None
+        except ConfigError:
+            raise ConfigError(f"list state: {target} is neither a registered method ({', '.join(METHODS.names())}) "
+                              f"nor a run config (a YAML path, or a shipped name: fedvlp list configs)") from None
+        spec = load_spec(path, overrides)
+    dataset = load_dataset(spec)
+    method = build_method(spec, load_backbone(spec), Task(dataset.class_names, dataset.multilabel))
+    rules, _ = server_rules(method, spec)  # exactly what the coordinator is given
+    prefixes = {**method.server_rules, **spec.server.rules}
+    parameters = dict(method.named_parameters())
+    state = method.state_dict()
+    width = max(len(key) for key in state) if state else 3
+    print(f"{spec.method.name} on {spec.backbone.name}, {dataset.name} ({len(dataset.class_names)} classes)")
+    print(f"{'key':<{width}}  {'shape':<14}  {'numel':>9}  {'kind':<9}  {'state':<6}  {'server rule':<12}  prefix")
+    for key, value in state.items():
+        prefix = max((p for p in prefixes if key.startswith(p)), key=len)
+        rule = rules.get(key, LOCAL)
+        kind = "buffer" if key not in parameters else "trainable" if parameters[key].requires_grad else "frozen"
+        where = "local" if rule == LOCAL else "global"
+        source = "server.rules" if prefix in spec.server.rules else "method"
+        print(f"{key:<{width}}  {'x'.join(map(str, value.shape)) or 'scalar':<14}  {value.numel():>9}  {kind:<9}  "
+              f"{where:<6}  {rule:<12}  {prefix!r} ({source})")
 
 
 def _run(args) -> None:
@@ -254,8 +324,8 @@ def _sweep(args) -> int:
     if best is not None and best.metrics:
         print(f"best {sweep.metric} {best.metrics.get(sweep.metric, float('nan')):.4f} with {best.config}")
     if args.report:
-        args.experiment, args.metric, args.out, args.tracking_uri, args.reference = \
-            sweep.experiment, None, None, sweep.base["tracking"]["uri"], None
+        args.experiment, args.metric, args.out, args.tracking_uri, args.reference, args.page = \
+            sweep.experiment, None, None, sweep.base["tracking"]["uri"], None, None
         _report(args)
     else:
         print(f"tables and plots:  fedvlp report {sweep.experiment}")
@@ -281,9 +351,19 @@ def _tune(args) -> None:
 
 def _report(args) -> None:
     from fedvlp.paths import default_tracking_uri
-    from fedvlp.platform.report import make_report
+    from fedvlp.platform.report import make_report, write_pages
     from fedvlp.platform.tracking import check_tracking_store
 
+    if args.page:
+        if args.experiment or args.metric or args.reference or args.out or args.tracking_uri:
+            raise FedvlpError("report --page DIR rebuilds a page from DIR's files alone; expected no EXPERIMENT, "
+                              "--metric, --reference, --out or --tracking-uri with it")
+        for folder in args.page:
+            print(f"page: {write_pages(folder)}")
+        return
+    if not args.experiment:
+        raise FedvlpError("report: no EXPERIMENT; expected a sweep's MLflow experiment (e.g. sweep-smoke), or "
+                          "--page DIR to rebuild a report folder's page")
     uri = args.tracking_uri or default_tracking_uri()
     check_tracking_store(uri, "--tracking-uri" if args.tracking_uri else _tracking_source(None))
     files = make_report(uri, args.experiment, args.out or f"reports/{args.experiment}", metric=args.metric,

@@ -276,16 +276,25 @@ def set_dotted(raw: dict, key: str, value) -> list[str]:
     return dropped
 
 
-def apply_overrides(raw: dict, overrides: list[str]) -> dict:
-    """Apply `--set` overrides in the order given. A method switch drops the earlier method keys (they belong to
-    the old method); one line on stderr names those an earlier override had set."""
+def apply_overrides(raw: dict, overrides: list[str], warnings: list[str] | None = None) -> dict:
+    """Apply `--set` overrides in the order given. A method switch drops the settings of the method switched from
+    (the config's and earlier overrides'), which belong to that method: one line on stderr names them (or is
+    appended to `warnings`, for a caller that prints it once the config is valid)."""
     given: list[str] = []
     for text in overrides:
         key, value = parse_override(text)
-        lost = [k for k in set_dotted(raw, key, value) if k in given]
+        old = raw.get("method", {}).get("name") if isinstance(raw.get("method"), dict) else None
+        lost = set_dotted(raw, key, value)
         if lost:
-            print(f"fedvlp: warning: --set {key}={value} switches the method and drops the earlier "
-                  f"{', '.join(lost)}; give --set method.name first", file=sys.stderr)
+            earlier = [k for k in lost if k in given]
+            fix = f"{', '.join(earlier)} came from an earlier --set: give --set method.name first" if earlier \
+                else "--set a setting after method.name to keep it"
+            line = f"fedvlp: warning: --set {key}={value} drops {old}'s settings {', '.join(lost)} ({value}'s " \
+                   f"defaults apply); {fix}"
+            if warnings is None:
+                print(line, file=sys.stderr)
+            else:
+                warnings.append(line)
         given.append(key)
     return raw
 
@@ -306,6 +315,47 @@ def read_yaml(path: str | Path) -> dict:
     return raw
 
 
+def read_config(path: str | Path) -> dict:
+    """A run config file's mapping with its `base:` resolved: the base config (a path relative to this file, or a
+    shipped config name; it may have a base of its own) with this file's sections merged over it, key by key.
+    A `method:` that names another method replaces the base's method section: its settings belong to the
+    base's method."""
+    chain: list[Path] = []
+
+    def resolved(path: Path) -> dict:
+        chain.append(path.resolve())
+        raw = read_yaml(path)
+        if "base" not in raw:
+            return raw
+        base = raw.pop("base")
+        if not isinstance(base, str) or not base:
+            raise ConfigError(f"{path}: base: expected a run config file or a shipped config name, got {base!r}")
+        target = path.parent / Path(base).expanduser()
+        if not target.is_file():
+            target = CONFIGS_DIR / f"{base}.yaml"
+            if Path(base).suffix or not target.is_file():
+                raise ConfigError(f"{path}: base: {base} not found; expected a run config file relative to "
+                                  f"{path.parent} or a shipped config name (fedvlp list configs)")
+        if target.resolve() in chain:
+            cycle = " -> ".join(p.name for p in [*chain, target.resolve()])
+            raise ConfigError(f"{path}: base: {base} makes a cycle ({cycle}); expected a chain of bases that ends")
+        under = resolved(target)
+        if isinstance(raw.get("method"), dict) and "name" in raw["method"]:
+            set_dotted(under, "method.name", raw["method"]["name"])  # another method: the base's settings go
+        return merged(under, raw)
+
+    return resolved(Path(path))
+
+
+def merged(base: dict, over: dict) -> dict:
+    """`over` merged into `base`: mappings key by key, anything else (lists included) replaced."""
+    out = dict(base)
+    for key, value in over.items():
+        both = isinstance(value, dict) and isinstance(base.get(key), dict)
+        out[key] = merged(base[key], value) if both else value
+    return out
+
+
 # ---------------------------------------------------------------- building and checking
 
 def build_spec(raw: dict) -> RunSpec:
@@ -314,6 +364,9 @@ def build_spec(raw: dict) -> RunSpec:
     from fedvlp.plugins import env_plugins, load_plugins
 
     raw = dict(raw)
+    if "base" in raw:  # read_config resolves it: this mapping was read without
+        raise ConfigError(f"base: {raw['base']!r} is not resolved here; expected a mapping read by read_config, "
+                          f"which merges the base's sections in")
     plugins = raw.get("plugins") or []
     if not isinstance(plugins, (list, tuple)):
         raise ConfigError(f"plugins: expected a list of module names, got {plugins!r}")
@@ -425,5 +478,9 @@ def _check_backbone(spec: RunSpec, kind: str) -> None:
 
 def load_spec(path: str | Path | None = None, overrides: list[str] | None = None) -> RunSpec:
     """The RunSpec of a config (a path or a shipped name; default the quickstart) with `--set` overrides."""
-    raw = read_yaml(resolve_file(path, CONFIGS_DIR, "config") if path else DEFAULT_CONFIG)
-    return build_spec(apply_overrides(raw, list(overrides or [])))
+    raw = read_config(resolve_file(path, CONFIGS_DIR, "config") if path else DEFAULT_CONFIG)
+    warnings: list[str] = []
+    spec = build_spec(apply_overrides(raw, list(overrides or []), warnings))
+    for line in warnings:  # once the config is valid: a switch to an unknown method is its error alone
+        print(line, file=sys.stderr)
+    return spec

@@ -29,6 +29,26 @@ HEAVY_FIRST = ("test_sweep.py::", "test_extending.py::test_the_example_method_ru
                "test_plugin_doors.py::test_a_plugin_by_each_door")
 
 
+@pytest.fixture(autouse=True)
+def plugins_forgotten():
+    """A plugin a test imports in this process is forgotten after it: the registries are as they were and its
+    modules unimported, so what a later test in the same process lists or looks up never depends on the order."""
+    from fedvlp.data.partition import PARTITIONERS
+    from fedvlp.data.registry import datasets
+    from fedvlp.methods import METHODS
+    from fedvlp.platform.aggregation import RULES
+
+    registries = (PARTITIONERS, datasets(), METHODS, RULES)  # the built-ins all registered before the snapshot
+    entries, modules = [dict(r._entries) for r in registries], set(sys.modules)
+    yield
+    for registry, before in zip(registries, entries):
+        registry._entries = before
+    for name in set(sys.modules) - modules:
+        path = getattr(sys.modules[name], "__file__", None) or ""
+        if path and not path.startswith((sys.prefix, sys.base_prefix, str(REPO / "fedvlp"))):
+            del sys.modules[name]  # a plugin's module (examples/, a test's tmp_path), not a library's
+
+
 def pytest_collection_modifyitems(items):
     items.sort(key=lambda item: not any(part in item.nodeid for part in HEAVY_FIRST))
 

@@ -1,6 +1,6 @@
-"""The benchmarks: every one runs at its tiny size (`--tiny`) and writes the JSON that README's Performance tables
-are rendered from (with the command, machine and time that produced it); the bare loop reaches fedvlp's metrics
-exactly; README's Performance tables are what the JSON in benchmarks/results/ says.
+"""The benchmarks: every one runs at its tiny size (`--tiny`) and writes the JSON that the Performance page's tables
+(docs/performance.md) are rendered from (with the command, machine and time that produced it); the bare loop reaches
+fedvlp's metrics exactly; the Performance page's tables are what the JSON in benchmarks/results/ says.
 
 Tiny runs write under $FEDVLP_BENCH_RESULTS (a temporary folder), never over benchmarks/results/. The benchmarks that
 start Ray or a sweep are drills (slow); overhead.py runs in its own process, since Flower shuts Ray down when its
@@ -39,7 +39,7 @@ def test_every_benchmark_imports(script):
     spec.loader.exec_module(importlib.util.module_from_spec(spec))
 
 
-def test_every_readme_block_has_its_benchmark_and_every_benchmark_a_tiny_test():
+def test_every_performance_block_has_its_benchmark_and_every_benchmark_a_tiny_test():
     names = {name for name, _, _ in performance.BLOCKS.values()}
     assert {name.split("-")[0] for name in names} <= set(SCRIPTS)
     tested = {name.removeprefix("test_").removesuffix("_at_tiny_size") for name in globals()
@@ -73,7 +73,7 @@ def read_record(results: Path, name: str, *command: str) -> dict:
 
 
 def rendered(block: str, record: dict) -> str:
-    """The README block rendered from `record`: every key the README reads is there."""
+    """The Performance block rendered from `record`: every key the page reads is there."""
     text = "\n".join(performance.BLOCKS[block][1](record))
     assert record["command"] in text
     return text
@@ -261,19 +261,21 @@ def test_sweep_trials_at_tiny_size(results, ray_cluster):
     rendered("sweep_trials", r)
 
 
-# ---------------------------------------------------------------- README's Performance section
+# ---------------------------------------------------------------- the Performance page (docs/performance.md)
 
-def test_readme_performance_tables_are_what_the_json_says():
-    text = (REPO / "README.md").read_text()
+def test_the_performance_page_tables_are_what_the_json_says():
+    assert performance.PAGE == REPO / "docs" / "performance.md"
+    text = performance.PAGE.read_text()
     assert sorted(m["name"] for m in performance.BLOCK.finditer(text)) == sorted(performance.BLOCKS)
     assert performance.stale_blocks(text, common.RESULTS) == [], "run: python benchmarks/performance.py"
+    assert not performance.BLOCK.search((REPO / "README.md").read_text())  # one copy of each table, on the page
 
 
-def test_the_readme_check_catches_a_figure_that_differs_from_its_json(results):
+def test_the_page_check_catches_a_figure_that_differs_from_its_json(results):
     importlib.import_module("checkpoint").main(["--clients", "50", "--repeats", "1"])  # a full-size record
-    readme = "before\n<!-- performance:checkpoint -->\nhand-typed\n<!-- /performance:checkpoint -->\nafter\n"
-    assert performance.stale_blocks(readme, results) == ["checkpoint"]
-    fresh = performance.rendered(readme, results)
+    page = "before\n<!-- performance:checkpoint -->\nhand-typed\n<!-- /performance:checkpoint -->\nafter\n"
+    assert performance.stale_blocks(page, results) == ["checkpoint"]
+    fresh = performance.rendered(page, results)
     assert fresh.startswith("before\n") and fresh.endswith("after\n") and performance.stale_blocks(fresh, results) == []
     record = json.loads((results / "checkpoint.json").read_text())
     assert f"| {record['new_save_s']:.3f} |" in fresh

@@ -105,11 +105,16 @@ def test_missing_and_malformed_files(tmp_path):
 def test_override_order_and_a_method_switch_that_drops_earlier_keys(capsys):
     spec = load_spec(None, ["method.name=fedavg_p", "backbone.name=tiny-vilt", "data.name=synthetic-recipes",
                             "method.lr=0.2"])
-    assert spec.method.params.lr == 0.2 and capsys.readouterr().err == ""
+    assert spec.method.params.lr == 0.2 and capsys.readouterr().err.strip() == (
+        "fedvlp: warning: --set method.name=fedavg_p drops promptfl's settings method.n_ctx, method.ctx_init, "
+        "method.lr, method.batch_size, method.local_epochs (fedavg_p's defaults apply); --set a setting after "
+        "method.name to keep it")
     spec = load_spec("fedavg_p_recipes", ["method.prox_mu=1", "method.name=fedprox_p"])
     assert spec.method.params.prox_mu == 0.01  # the switch dropped it, and says so in one line
-    assert capsys.readouterr().err.strip() == ("fedvlp: warning: --set method.name=fedprox_p switches the method "
-                                               "and drops the earlier method.prox_mu; give --set method.name first")
+    assert capsys.readouterr().err.strip() == (
+        "fedvlp: warning: --set method.name=fedprox_p drops fedavg_p's settings method.prompt_length, "
+        "method.prompt_layers, method.lr, method.batch_size, method.local_epochs, method.prox_mu (fedprox_p's "
+        "defaults apply); method.prox_mu came from an earlier --set: give --set method.name first")
     assert load_spec("fedavg_p_recipes", ["method.name=fedprox_p", "method.prox_mu=1"]).method.params.prox_mu == 1
 
 

@@ -85,7 +85,10 @@ def test_report_tables_plots_and_artifacts(sweep, tracking_uri, tmp_path):
     assert set(files) == {"summary.csv", "summary.md", "by_method.csv", "by_method.md", "val_mAP_vs_round.png",
                           "val_mAP_vs_federation.heterogeneity.png", "test_mAP_vs_federation.heterogeneity.png",
                           "val_mAP_difference_vs_federation.heterogeneity.png",
-                          "test_mAP_difference_vs_federation.heterogeneity.png"}
+                          "test_mAP_difference_vs_federation.heterogeneity.png", "index.md"}
+    page = files["index.md"].read_text()  # the study's page: every table and plot the report wrote
+    assert files["summary.md"].read_text().split("\n\n", 1)[1] in page
+    assert all(f"]({name})" in page for name in files if name.endswith(".png"))
 
     rows = _csv(files["summary.csv"])
     summary = {(r["method"], float(r["federation.heterogeneity"])): r for r in rows if r["metric"] == "val_mAP"}

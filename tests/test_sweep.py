@@ -151,7 +151,7 @@ def test_sweep_runs_trials_as_nested_mlflow_runs_and_reports(tmp_path, tracking_
         assert [m.step for m in client.get_metric_history(trial.info.run_id, "val_mAP")] == [0, 1, 2]
     report = tmp_path / "reports" / "sweep-nested"
     assert (report / "summary.md").exists() and (report / "by_method.md").exists()
-    assert (report / "val_mAP_vs_round.png").exists()
+    assert (report / "val_mAP_vs_round.png").exists() and "](val_mAP_vs_round.png)" in (report / "index.md").read_text()
     assert {a.path for a in client.list_artifacts(parent_id, "report")} >= {"report/summary.csv", "report/by_method.md"}
     summary = client.get_run(parent_id).data.metrics  # the parent run carries the summary
     assert {"promptfl/val_mAP_mean", "promptfl/test_mAP_mean", "promptfl/val_mAP_ci95", "promptfl/val_mAP_diff",

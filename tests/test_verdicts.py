@@ -1,19 +1,27 @@
-"""README Results' verdict table follows its protocol: a failing world diagnostic makes a finding untestable here.
+"""The verdict table (README Results, and the Results page of the site) follows its protocol: a failing world
+diagnostic makes a finding untestable here.
 
-The verdicts are prose (no code computes them); this keeps the prose consistent with the rule it states."""
+The verdicts are prose (no code computes them); this keeps the prose consistent with the rule it states, and the
+README's table the same as the site's."""
 from __future__ import annotations
 
 import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+RESULTS_PAGE = ROOT / "docs/results/index.md"  # the protocol in full, the verdict table and its caveats
 VERDICTS = ("untestable here", "not reproduced", "reproduced", "inconclusive")
 FINDINGS = {"FED-PRIME (a)", "FED-PRIME (b)", "FED-PRIME (c)", "FedMPT (a)", "FedMPT (b)", "FedMPT (c)", "FedMPT (d)"}
 
 
 def results_section() -> str:
     text = (ROOT / "README.md").read_text()
-    return text[text.index("\n## Results\n"):text.index("\n## Performance\n")]
+    start = text.index("\n## Results\n")
+    return text[start:text.index("\n## ", start + 1)]
+
+
+def table_lines(text: str) -> list[str]:
+    return [line for line in text.splitlines() if re.match(r"\| (FED-PRIME|FedMPT) \([a-d]\): ", line)]
 
 
 def verdict_rows(section: str) -> dict[str, tuple[str, str, str]]:
@@ -44,15 +52,24 @@ def statuses(diagnostics: str) -> list[str]:
 
 def test_every_finding_has_a_verdict_row_with_its_diagnostics_and_study():
     section = results_section()
-    protocol = section[section.index("**Protocol.**"):section.index("| finding | verdict |")]
+    assert all(f"**{verdict}**" in section for verdict in VERDICTS)  # the README names all four
+    page = RESULTS_PAGE.read_text()
+    protocol = page[page.index("## Protocol"):page.index("| finding | verdict |")]
     assert all(f"**{verdict}**" in protocol for verdict in VERDICTS)  # the protocol defines all four
     rows = verdict_rows(section)
     assert set(rows) == FINDINGS
     for finding, (verdict, diagnostics, links) in rows.items():
         assert any(v in verdict for v in VERDICTS), finding
         assert statuses(diagnostics), finding
-        folders = re.findall(r"\(docs/results/([a-z_]+)/README\.md\)", links)
-        assert folders and all((ROOT / "docs/results" / f).is_dir() for f in folders), finding
+        folders = re.findall(r"\(docs/results/([a-z_]+)/index\.md\)", links)  # each study's page
+        assert folders and all((ROOT / "docs/results" / f / "about.md").is_file() for f in folders), finding
+
+
+def test_the_site_shows_the_readme_verdict_table():
+    """One table, two places: the site's Results page holds the README's rows, its links relative to the page."""
+    readme = [line.replace("](docs/results/", "](") for line in table_lines(results_section())]
+    assert len(readme) == len(FINDINGS)
+    assert table_lines(RESULTS_PAGE.read_text()) == readme
 
 
 def test_a_failing_diagnostic_and_only_that_makes_a_finding_untestable_here():

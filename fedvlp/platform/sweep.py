@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from fedvlp.config import build_spec, read_yaml, set_dotted
+from fedvlp.config import build_spec, read_config, read_yaml, set_dotted
 from fedvlp.errors import ConfigError, FedvlpError
 
 if TYPE_CHECKING:
@@ -120,7 +120,7 @@ def load_sweep(path: str | Path, overrides: list[str] | None = None) -> SweepSpe
     for key in ("base", "space", "metric"):
         if key not in raw:
             raise _fail(path, key, "a value (required)")
-    base = read_yaml(resolve_base(raw["base"], path))
+    base = read_config(resolve_base(raw["base"], path))
     fixed = raw.get("set") or {}
     if not isinstance(fixed, dict):
         raise _fail(path, "set", "a mapping of dotted keys to values", fixed)
@@ -202,7 +202,7 @@ def _settings_of(value: dict | str, method: str, space_path: Path) -> dict:
     """A method's settings as dotted keys: the mapping given, or the `method:` section of the run config named."""
     if isinstance(value, dict):
         return value
-    section = read_yaml(resolve_base(value, space_path)).get("method") or {}
+    section = read_config(resolve_base(value, space_path)).get("method") or {}
     if section.get("name") != method:
         raise _fail(space_path, f"method_settings.{method}", f"a run config of method {method}", value)
     return {f"method.{key}": v for key, v in section.items() if key != "name"}

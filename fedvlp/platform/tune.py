@@ -23,7 +23,7 @@ from pathlib import Path
 
 import yaml
 
-from fedvlp.config import CONFIGS_DIR, apply_overrides, build_spec, read_yaml, resolve_file, set_dotted
+from fedvlp.config import CONFIGS_DIR, apply_overrides, build_spec, read_config, resolve_file, set_dotted
 from fedvlp.errors import ConfigError, FedvlpError
 from fedvlp.spec import TuneRange, tuning_ranges
 
@@ -61,7 +61,7 @@ def load_tune(config, budget: int, seeds=(0, 1), metric: str | None = None, mode
     from fedvlp.platform.sweep import check_selection_metric
 
     path = resolve_file(config, CONFIGS_DIR, "config")
-    raw = apply_overrides(read_yaml(path), list(overrides))
+    raw = apply_overrides(read_config(path), list(overrides))
     base = copy.deepcopy(raw)
     spec = build_spec(copy.deepcopy(base))
     ranges = {f"method.{k}": r for k, r in tuning_ranges(type(spec.method.params)).items()}
