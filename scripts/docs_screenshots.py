@@ -27,29 +27,16 @@ import urllib.request
 from pathlib import Path
 from urllib.parse import urlsplit
 
-REPO = Path(__file__).resolve().parents[1]
-CHROMIUM_FLAGS = ["--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking",
-                  "--disable-component-update", "--disable-sync", "--disable-dev-shm-usage"]
+from _browser import REPO, Failed, add_browser_options, launch, run_checked
+
 API_SYMBOL = "fedvlp.platform.engine.run_federated"
-
-
-class Failed(Exception):
-    """A check failed: its message is the one line the script ends with."""
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--study", default="heterogeneity", help="the study page to open (default heterogeneity)")
-    parser.add_argument("--out", default=str(REPO / "docs" / "images"), help="where the PNGs go (default docs/images)")
-    parser.add_argument("--chromium", default=os.environ.get("CHROMIUM", "/usr/bin/chromium"), help="browser binary")
-    parser.add_argument("--timeout", type=float, default=60.0, help="seconds to wait for a page (default 60)")
-    args = parser.parse_args(argv)
-    try:
-        run(args)
-    except Failed as exc:
-        print(f"docs_screenshots: FAILED: {exc}", file=sys.stderr)
-        return 1
-    return 0
+    add_browser_options(parser, timeout=60.0)
+    return run_checked("docs_screenshots", parser, run, argv)
 
 
 def run(args) -> None:
@@ -105,7 +92,7 @@ def wait_until_up(url: str, timeout: float) -> None:
 
 
 def shoot(args, base: str) -> None:
-    from playwright.sync_api import Error, sync_playwright
+    from playwright.sync_api import sync_playwright
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -119,10 +106,7 @@ def shoot(args, base: str) -> None:
             route.abort()
 
     with sync_playwright() as pw:
-        try:
-            browser = pw.chromium.launch(executable_path=args.chromium, headless=True, args=CHROMIUM_FLAGS)
-        except Error as exc:
-            raise Failed(f"cannot start {args.chromium}: {str(exc).strip().splitlines()[0]}") from None
+        browser = launch(pw, args.chromium)
         try:
             page = browser.new_page(viewport={"width": 1280, "height": 900})
             page.set_default_timeout(args.timeout * 1000)

@@ -27,18 +27,12 @@ import time
 import urllib.request
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-CHROMIUM_FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                  "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                  "--disable-dev-shm-usage"]
+from _browser import REPO, Failed, add_browser_options, launch, run_checked
+
 # A first visit opens MLflow's Assistant panel over a third of the page, once; start as if it had been closed once.
 CLOSED_ASSISTANT = ("localStorage.setItem('mlflow.assistant.panelOpen_v1', 'false');"
                     "localStorage.setItem('mlflow.assistant.fab.autoOpenedOnFirstLoad_v1', 'true');")
 GENAI_OVERVIEW = ("/overview", "workflowType=genai")  # where a link without the model-training workflow lands
-
-
-class Failed(Exception):
-    """A check failed: its message is the one line the script ends with."""
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -49,27 +43,11 @@ def main(argv: list[str] | None = None) -> int:
                                                           "a YAML path (default smoke: promptfl vs zeroshot, 2 "
                                                           "heterogeneities, 2 seeds, a few minutes on 2 cores)")
     parser.add_argument("--experiment", help="the sweep's experiment name (default: the newest one with a sweep)")
-    parser.add_argument("--out", default=str(REPO / "docs" / "images"), help="where the PNGs go (default docs/images)")
-    parser.add_argument("--chromium", default=os.environ.get("CHROMIUM", "/usr/bin/chromium"), help="browser binary")
-    parser.add_argument("--timeout", type=float, default=90.0, help="seconds to wait for a page (default 90)")
-    args = parser.parse_args(argv)
-    try:
-        run(args)
-    except Failed as exc:
-        print(f"mlflow_screenshots: FAILED: {exc}", file=sys.stderr)
-        return 1
-    return 0
+    add_browser_options(parser, timeout=90.0)
+    return run_checked("mlflow_screenshots", parser, run, argv)
 
 
 def run(args) -> None:
-    if not Path(args.chromium).exists():
-        raise Failed(f"no Chromium at {args.chromium}: install it (sudo apt-get install chromium) "
-                     f"or pass --chromium PATH")
-    try:
-        from playwright.sync_api import sync_playwright  # noqa: F401
-    except ImportError:
-        raise Failed("the Python package playwright is missing: pip install playwright "
-                     "(its browser download is not needed)") from None
     from fedvlp.platform.tracking import save_ui_views
 
     with tempfile.TemporaryDirectory(prefix="fedvlp-shots-") as tmp:
@@ -202,10 +180,7 @@ def check_pages(args, experiment_id: str, parent_id: str, metric: str, methods: 
     out.mkdir(parents=True, exist_ok=True)
     timeout_ms = args.timeout * 1000
     with sync_playwright() as pw:
-        try:  # a fresh temporary profile (--user-data-dir), deleted on close
-            browser = pw.chromium.launch(executable_path=args.chromium, headless=True, args=CHROMIUM_FLAGS)
-        except PlaywrightError as exc:
-            raise Failed(f"cannot start {args.chromium}: {str(exc).strip().splitlines()[0]}") from None
+        browser = launch(pw, args.chromium)
         page = None
 
         def open_(what: str, url: str, ready: str) -> str:
