@@ -150,3 +150,14 @@ def test_cli_page_misuse_is_a_one_line_error(study, capsys, argv, message):
     err = capsys.readouterr().err
     assert err.startswith("fedvlp: error: ") and message.format(study=study) in err and err.count("\n") == 1
     assert not (study / "index.md").exists()
+
+
+COMMITTED = sorted(p.parent for p in (Path(__file__).resolve().parent.parent / "docs/results").glob("*/index.md"))
+
+
+@pytest.mark.parametrize("folder", COMMITTED, ids=lambda p: p.name)
+def test_every_committed_study_page_is_what_its_folder_generates(folder, tmp_path):
+    """An edit to a study's about.md or tables without `fedvlp report --page` leaves its page stale: caught here."""
+    copy = shutil.copytree(folder, tmp_path / folder.name)
+    assert write_study_page(copy).read_text() == (folder / "index.md").read_text(), (
+        f"{folder}/index.md is stale: run fedvlp report --page {folder.relative_to(folder.parents[2])}")
