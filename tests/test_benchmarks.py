@@ -229,7 +229,8 @@ def test_scale_at_tiny_size(results, ray_cluster):
     spilled = local["every_client_has_state"]["spilled (budget 0)"]
     assert spilled["spilled_files"] == 20 and spilled["memory_mib"] == 0
     for f in local["every_client_has_state"].values():  # the checkpoint, timed to the disk
-        assert f["checkpoint_mib"] > 0 and 0 < f["checkpoint_s"] <= f["checkpoint_on_disk_s"]
+        # at the tiny size a checkpoint can take under the 1 ms the JSON rounds to
+        assert f["checkpoint_mib"] > 0 and 0 <= f["checkpoint_s"] <= f["checkpoint_on_disk_s"]
         assert f["checkpoint_filesystem"] not in ("", "unknown")
     rendered("scale", r)
 
