@@ -328,14 +328,7 @@ def read_config(path: str | Path) -> dict:
         if "base" not in raw:
             return raw
         base = raw.pop("base")
-        if not isinstance(base, str) or not base:
-            raise ConfigError(f"{path}: base: expected a run config file or a shipped config name, got {base!r}")
-        target = path.parent / Path(base).expanduser()
-        if not target.is_file():
-            target = CONFIGS_DIR / f"{base}.yaml"
-            if Path(base).suffix or not target.is_file():
-                raise ConfigError(f"{path}: base: {base} not found; expected a run config file relative to "
-                                  f"{path.parent} or a shipped config name (fedvlp list configs)")
+        target = resolve_base(base, path)
         if target.resolve() in chain:
             cycle = " -> ".join(p.name for p in [*chain, target.resolve()])
             raise ConfigError(f"{path}: base: {base} makes a cycle ({cycle}); expected a chain of bases that ends")
@@ -345,6 +338,20 @@ def read_config(path: str | Path) -> dict:
         return merged(under, raw)
 
     return resolved(Path(path))
+
+
+def resolve_base(base, naming_file: Path) -> Path:
+    """The config a `base:` names: a path relative to the file that names it, or a shipped config name."""
+    if not isinstance(base, str) or not base:
+        raise ConfigError(f"{naming_file}: base: expected a run config file or a shipped config name, got {base!r}")
+    relative = naming_file.parent / Path(base).expanduser()
+    if relative.is_file():
+        return relative
+    shipped = CONFIGS_DIR / f"{base}.yaml"
+    if not Path(base).suffix and shipped.is_file():
+        return shipped
+    raise ConfigError(f"{naming_file}: base: {base} not found; expected a run config file relative to "
+                      f"{naming_file.parent} or a shipped config name (fedvlp list configs)")
 
 
 def merged(base: dict, over: dict) -> dict:

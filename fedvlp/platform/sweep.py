@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from fedvlp.config import build_spec, read_config, read_yaml, set_dotted
+from fedvlp.config import build_spec, read_config, read_yaml, resolve_base, set_dotted
 from fedvlp.errors import ConfigError, FedvlpError
 
 if TYPE_CHECKING:
@@ -92,20 +92,6 @@ def check_selection_metric(metric, where: str) -> str:
         raise ConfigError(f"{where}: expected a val_* metric such as val_mAP or val_accuracy (selection never reads "
                           f"test or personal metrics), got {metric!r}")
     return metric
-
-
-def resolve_base(base, space_path: Path) -> Path:
-    """A space file's base config: a path relative to the space file, or a shipped config name."""
-    from fedvlp.config import CONFIGS_DIR, resolve_file
-
-    relative = (space_path.parent / str(base)).resolve()
-    if relative.is_file():
-        return relative
-    try:
-        return resolve_file(str(base), CONFIGS_DIR, "config")
-    except ConfigError:
-        raise ConfigError(f"{space_path}: base: {base} not found; expected a run config file relative to the "
-                          f"space file, or a shipped config name") from None
 
 
 def load_sweep(path: str | Path, overrides: list[str] | None = None) -> SweepSpec:
