@@ -452,7 +452,7 @@ def _bare_loop(spec, on_round, train, eval_sets) -> BareResult:
     """The loop itself; `train(jobs)` runs a cohort's local updates (None: in this process)."""
     started = time.perf_counter()
     fed = spec.federation
-    prepare_backbone(spec, progress=False)
+    prepare_backbone(spec)
     data = prepare_data(spec)
     task = Task(data.dataset.class_names, multilabel=data.dataset.multilabel)
     backbone = load_backbone(spec)

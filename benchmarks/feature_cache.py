@@ -139,7 +139,7 @@ def measure(args) -> dict:
     if args.backbone != "tiny-clip":
         overrides += [f"backbone.name={args.backbone}", "backbone.pretrained=none"]
     spec = common.bench_spec("quickstart", overrides, args.tiny)
-    prepare_backbone(spec, progress=False)
+    prepare_backbone(spec)
     figures = {"machine": common.machine(), "method": "promptfl", "torch_threads": 1,
                "local_epochs": spec.method.params.local_epochs, "batch_size": spec.method.params.batch_size,
                "target_speedup": TARGET_SPEEDUP}

@@ -52,7 +52,7 @@ def measure(args) -> dict:
     spec = common.bench_spec("fedavg_p_recipes", [f"seed={args.seed}", f"method.lr={args.lr}",
                                                   f"method.local_epochs={args.local_epochs}"])
     data, fed = spec.data, spec.federation
-    prepare_backbone(spec, progress=False)
+    prepare_backbone(spec)
     backbone = load_backbone(spec)
     train = generate_recipes(args.num_train, "train", args.seed)
     val = generate_recipes(args.num_val, "val", args.seed)

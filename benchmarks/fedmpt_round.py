@@ -37,7 +37,7 @@ CONFIGS = {"fedmpt": "fedmpt_scenes", "promptfl": "quickstart"}
 def client_setup(config: str, tiny: bool):
     """(method, one client's ClientData, one worker's test features, spec), as a worker holds them."""
     spec = common.bench_spec(config, [], tiny)
-    prepare_backbone(spec, progress=False)
+    prepare_backbone(spec)
     data = prepare_data(spec)
     backbone = load_backbone(spec, "cpu")
     task = Task(data.dataset.class_names, data.dataset.multilabel)

@@ -109,7 +109,7 @@ def workload_spec(method: str, args):
 
 def warm_feature_cache(spec) -> None:
     """Encode and cache the frozen features once, so no arm's time includes a first encoding."""
-    prepare_backbone(spec, progress=False)
+    prepare_backbone(spec)
     data = prepare_data(spec)
     backbone = load_backbone(spec)
     kind = build_method(spec, backbone, Task(data.dataset.class_names, data.dataset.multilabel)).feature_kind

@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from pathlib import Path
 
 from fedvlp.errors import ConfigError, FedvlpError
 
@@ -18,8 +19,8 @@ HELP = """fedvlp: federated prompt tuning of frozen vision-language models on Ra
   fedvlp data stats CONFIG         what each client holds, and the heterogeneity figure
   fedvlp list KIND                 shipped configs and spaces; registered methods, datasets, partitioners, rules
   fedvlp list state METHOD|CONFIG  a method's state keys: shapes, global or local, the server rule of each
-  fedvlp pretrain tiny-clip        pretrain and cache the tiny CLIP (done on first use otherwise)
-  fedvlp pretrain tiny-vilt        pretrain and cache the tiny ViLT (done on first use otherwise)
+  fedvlp pretrain tiny-clip        regenerate the tiny CLIP that ships in the package
+  fedvlp pretrain tiny-vilt        regenerate the tiny ViLT that ships in the package
 
 plugins (docs/extending.md): a config's `plugins: [module]`, $FEDVLP_PLUGINS=module,module, and the
 `fedvlp.plugins` entry points of installed distributions; FEDVLP_NO_ENTRY_POINTS=1 skips the entry points
@@ -128,17 +129,20 @@ def _parser() -> argparse.ArgumentParser:
                          help="e.g. --set plugins=[my_plugin] to list what a plugin registers; list state takes any "
                               "config key, e.g. --set \"server.rules={'adapter.': mean}\"")
 
-    pretrain = commands.add_parser("pretrain", help="pretrain and cache a tiny backbone",
-                                   description="Pretrain one of fedvlp's tiny backbones (deterministic) and cache it "
-                                               "in the user cache dir ($FEDVLP_CACHE_DIR overrides): the tiny "
-                                               "CLIP on synthetic-scenes captions and class prompts, the tiny ViLT "
-                                               "on synthetic-recipes image-text pairs.")
+    pretrain = commands.add_parser("pretrain", help="regenerate a tiny backbone's shipped weights",
+                                   description="Regenerate one of the tiny backbones that ship in the package "
+                                               "(deterministic): pretrain it in float32 (cached in the user cache "
+                                               "dir; $FEDVLP_CACHE_DIR overrides), then write its float16 weights and "
+                                               "their manifest entry (checksum, recipe, figures) into the package's "
+                                               "fedvlp/backbones/weights/, or --out. Runs never need this: the "
+                                               "weights ship with fedvlp.")
     pretrain.add_argument("backbone", choices=["tiny-clip", "tiny-vilt"],
-                          help="tiny-clip: contrastive on captions plus class-prompt terms on the pooled token and the "
-                               "dense patches, synthetic-scenes (about 3 min on 2 cores); tiny-vilt: "
-                               "image-text matching and a pair-vs-modality contrastive term on synthetic-recipes "
-                               "(about 2 1/2 min)")
-    pretrain.add_argument("--force", action="store_true", help="pretrain again even if a cached copy exists")
+                          help="tiny-clip: contrastive on web-like captions plus region-phrase contrast on the "
+                               "patches, synthetic-scenes' source domain; tiny-vilt: image-text matching and a "
+                               "pair-vs-modality contrastive term on synthetic-recipes")
+    pretrain.add_argument("--force", action="store_true", help="pretrain again even if this recipe's float32 result "
+                                                               "is cached")
+    pretrain.add_argument("--out", metavar="DIR", help="write the weights and manifest here instead of the package")
     return parser
 
 
@@ -303,10 +307,13 @@ TABLE_KEYS = ("mAP", "CF1", "OF1", "hallucination_gap", "accuracy", "macro_f1") 
 
 
 def format_table(initial: dict, final: dict, rounds: int) -> str:
-    """The run's headline metrics on val, test and the clients' own test sets, before and after training."""
+    """The run's headline metrics on val, test, a shifted split where the dataset has one and the clients' own test
+    sets, before and after training."""
+    from fedvlp.platform.metrics import EVALUATION_SETS
+
     rows = [f"{'metric':<18} {'split':<9} {'round 0':>9} {f'round {rounds}':>9}", "-" * 48]
     for key in TABLE_KEYS:
-        for split in ("val", "test", "personal"):
+        for split in EVALUATION_SETS:
             name = f"{split}_{key}"
             if name in final:
                 rows.append(f"{key:<18} {split:<9} {initial.get(name, float('nan')):>9.4f} {final[name]:>9.4f}")
@@ -396,28 +403,13 @@ def _data(args) -> None:
 
 def _pretrain(args) -> None:
     from fedvlp.backbones import pretrain_clip, pretrain_vilt
-    from fedvlp.backbones.pretrain import checkpoint_path
 
-    clip = args.backbone == "tiny-clip"
-    recipe = pretrain_clip.TinyClipRecipe() if clip else pretrain_vilt.TinyViltRecipe()
-    path = checkpoint_path(recipe)
-    if path.exists() and not args.force:
-        print(f"{args.backbone} is already pretrained: {path} (use --force to train it again)")
-        return
-    if clip:
-        result = pretrain_clip.pretrain_tiny_clip()
-        print(f"pretrained in {result['seconds']:.0f} s; zero-shot val mAP, untrained -> pretrained: pooled token "
-              f"{result['zero_shot_map_untrained']:.4f} -> {result['zero_shot_map']:.4f}, best patch "
-              f"{result['patch_zero_shot_map_untrained']:.4f} -> {result['patch_zero_shot_map']:.4f}\n"
-              f"saved {result['path']}")
-    else:
-        result = pretrain_vilt.pretrain_tiny_vilt()
-        print(f"pretrained in {result['seconds']:.0f} s; held-out image-text matching accuracy "
-              f"{result['itm_accuracy']:.4f} (chance 0.5)\nlinear probe on the pooled feature, synthetic-recipes "
-              f"val accuracy, untrained -> pretrained:")
-        for setting in pretrain_vilt.PROBE_SETTINGS:
-            print(f"  {setting:<14} {result[f'probe_untrained_{setting}']:.4f} -> {result[f'probe_{setting}']:.4f}")
-        print(f"saved {result['path']}")
+    regenerate = pretrain_clip.regenerate_tiny_clip if args.backbone == "tiny-clip" else \
+        pretrain_vilt.regenerate_tiny_vilt
+    entry = regenerate(force=args.force, **({"directory": Path(args.out)} if args.out else {}))
+    figures = ", ".join(f"{k} {v:.4f}" for k, v in entry["figures"].items())
+    print(f"{args.backbone}: {entry['bytes'] / 2**20:.1f} MiB float16, sha256 {entry['sha256'][:16]}..., "
+          f"code key {entry['code_key']}\nmeasured on the float16 weights: {figures}")
 
 
 def one_line(error: FedvlpError) -> str:

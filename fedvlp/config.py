@@ -59,9 +59,10 @@ class DataSpec:
     options: dict[str, Any] = spec_field({}, "the dataset reader's own options, e.g. food101 {top_k: 8}, mmimdb "
                                              "{protocol: fedprime} (fedvlp list datasets shows them)")
     num_train: int = spec_field(2000, "synthetic training samples", ge=1)
-    num_val: int = spec_field(500, "synthetic validation samples: what tuning and sweeps select on "
-                                   "(scenes: co-occurrence decorrelated, like test)", ge=1)
-    num_test: int = spec_field(1000, "synthetic test samples (scenes: co-occurrence decorrelated)", ge=1)
+    num_val: int = spec_field(500, "synthetic validation samples, drawn like the clients' union: what tuning and "
+                                   "sweeps select on", ge=1)
+    num_test: int = spec_field(1000, "synthetic test samples, drawn like the clients' union (scenes also draws as "
+                                     "many in its decorrelated shift split)", ge=1)
     num_holdout: int = spec_field(500, "synthetic held-out pool, drawn like train and split over the clients "
                                        "by the partition rule: their local test sets (0: no personal metrics)", ge=0)
     val_fraction: float = spec_field(0.1, "real datasets without an official validation split: the fraction of "

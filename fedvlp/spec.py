@@ -62,6 +62,15 @@ def int_range(low: int, high: int) -> TuneRange:
     return TuneRange("int", low, high)
 
 
+# The ranges every method of a backbone family declares for the keys they share, so `fedvlp tune` searches the same
+# space for each (equal budgets mean little over unequal ranges). The CLIP family mixes Adam and SGD, so its
+# learning rates span four decades.
+CLIP_LR_RANGE = TuneRange("loguniform", 3e-4, 3.0)
+CLIP_EPOCHS_RANGE = TuneRange("int", 1, 8)
+VILT_LR_RANGE = TuneRange("loguniform", 3e-3, 0.5)
+VILT_EPOCHS_RANGE = TuneRange("int", 1, 5)
+
+
 def choices(*values) -> TuneRange:
     return TuneRange("choice", values=tuple(values))
 

@@ -13,7 +13,8 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["TRANSFORMERS_OFFLINE"] = "1"
-# The pretrained tiny backbones are keyed by their recipe and code, so a cache shared across sessions is never stale.
+# Feature caches and pretraining results are keyed by what produced them, so a cache shared across sessions is never
+# stale; the tiny backbones themselves ship in the package.
 os.environ.setdefault("FEDVLP_CACHE_DIR", str(REPO / ".fedvlp-cache"))
 os.environ.pop("RAY_ADDRESS", None)
 os.environ.pop("MLFLOW_TRACKING_URI", None)
@@ -55,18 +56,18 @@ def pytest_collection_modifyitems(items):
 
 @pytest.fixture(scope="session")
 def tiny_clip():
-    """The path of the tiny CLIP pretrained by `fedvlp pretrain tiny-clip` (once per machine)."""
-    from fedvlp.backbones.pretrain_clip import ensure_tiny_clip
+    """The path of the tiny CLIP's weights shipped in the package (checksum checked)."""
+    from fedvlp.backbones.shipped import shipped_weights
 
-    return ensure_tiny_clip(progress=False)
+    return shipped_weights("tiny-clip")
 
 
 @pytest.fixture(scope="session")
 def tiny_vilt():
-    """The path of the tiny ViLT pretrained by `fedvlp pretrain tiny-vilt` (once per machine)."""
-    from fedvlp.backbones.pretrain_vilt import ensure_tiny_vilt
+    """The path of the tiny ViLT's weights shipped in the package (checksum checked)."""
+    from fedvlp.backbones.shipped import shipped_weights
 
-    return ensure_tiny_vilt(progress=False)
+    return shipped_weights("tiny-vilt")
 
 
 @pytest.fixture(scope="session")

@@ -416,7 +416,7 @@ from fedvlp.backbones import load_backbone, prepare_backbone
 for overrides in {runs!r}:
     spec = load_spec({config!r}, overrides)
     try:
-        prepare_backbone(spec, progress=False)
+        prepare_backbone(spec)
     except Exception as exc:
         print(type(exc).__name__, exc)
     else:
@@ -488,6 +488,6 @@ def test_a_remote_cluster_skips_the_driver_check(tmp_path, monkeypatch):
     (tmp_path / "my-vilt").mkdir()
     spec = load_spec("fedprime_recipes", [f"backbone.name={tmp_path / 'my-vilt'}"])
     with pytest.raises(BackboneError, match="ViLT files not on this machine: config.json"):
-        prepare_backbone(spec, progress=False)
+        prepare_backbone(spec)
     monkeypatch.setenv("RAY_ADDRESS", "ray://head.elsewhere:10001")
-    prepare_backbone(spec, progress=False)
+    prepare_backbone(spec)

@@ -157,8 +157,27 @@ def test_convergence_at_tiny_size(results):
 @pytest.mark.usefixtures("tiny_clip")
 def test_scenes_world_at_tiny_size(results):
     r = tiny_run("scenes_world", results)
-    assert [(run["seed"], run["t"]) for run in r["runs"]] == [(0, 0.0), (0, 1.0)]
-    assert 0 < r["zero_shot_val"]["pooled"] <= 1 and set(r["probe_val"]) == {"train split", "decorrelated"}
+    import scenes_world
+
+    assert set(r["val_map"]) == set(scenes_world.ARMS) and all(len(v) == 2 for v in r["val_map"].values())
+    assert 0 < r["zero_shot_val"]["pooled"] <= 1
+    diagnostics = r["diagnostics"]
+    assert len(diagnostics) == 6 and all(isinstance(d["holds"], bool) for d in diagnostics.values())
+    gain = diagnostics["central PromptFL - zero-shot"]
+    assert gain["mean"] == pytest.approx(np.mean(r["val_map"]["central PromptFL"]) - r["zero_shot_val"]["pooled"])
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("tiny_vilt")
+def test_recipes_world_at_tiny_size(results, ray_cluster):
+    r = tiny_run("recipes_world", results)
+    import recipes_world
+
+    assert set(r["val_accuracy"]) == set(recipes_world.ARMS) and all(len(v) == 2 for v in r["val_accuracy"].values())
+    cost = r["diagnostics"]["Centralized-P - FedAvg-P"]
+    assert cost["per_seed"] == pytest.approx(np.subtract(r["val_accuracy"]["Centralized-P"],
+                                                         r["val_accuracy"]["FedAvg-P"]).tolist())
+    assert set(r["diagnostics"]) == {"Centralized-P - no prompts", "Centralized-P - FedAvg-P"}
 
 
 # ---------------------------------------------------------------- the bare loop against fedvlp

@@ -140,3 +140,23 @@ def test_list_keys_names_every_key_with_its_meaning():
     assert keys["method.lr"] == ("a number", 0.005515, "Adam learning rate [tuned: loguniform [0.0003, 0.03]]")
     assert keys["federation.heterogeneity"][1] == 0.5 and keys["resources.num_gpus"][0] == "a number"
     assert all(meaning for _, _, meaning in keys.values())
+
+
+def test_methods_of_one_backbone_family_declare_the_same_ranges_for_the_keys_they_share():
+    """`fedvlp tune` gives every method the same budget; it must also search the same space for lr and local epochs,
+    or an equal budget favours the method with the kinder range."""
+    from fedvlp.methods import METHODS
+    from fedvlp.spec import CLIP_EPOCHS_RANGE, CLIP_LR_RANGE, VILT_EPOCHS_RANGE, VILT_LR_RANGE, tuning_ranges
+
+    families = {"global": {}, "tokens": {}, "embeddings": {}}
+    for name in METHODS.names():
+        method = METHODS[name]
+        ranges = tuning_ranges(method.Params)
+        if "lr" in ranges:
+            families[method.feature_kind][name] = (ranges["lr"], ranges["local_epochs"])
+    clip = {**families["global"], **families["tokens"]}
+    vilt = families["embeddings"]
+    assert {"promptfl", "fedmpt", "dualcoop", "fedotp", "fedtpg", "fedlora"} <= set(clip)
+    assert {"fedprime", "fedavg_p", "fedlora_vilt"} <= set(vilt)
+    assert set(clip.values()) == {(CLIP_LR_RANGE, CLIP_EPOCHS_RANGE)}
+    assert set(vilt.values()) == {(VILT_LR_RANGE, VILT_EPOCHS_RANGE)}

@@ -13,7 +13,7 @@ from fedvlp.methods import METHODS
 from fedvlp.platform.aggregation import state_nbytes
 from fedvlp.platform.engine import run_federated
 
-SPLITS = ("val", "test")
+SPLITS = ("val", "test", "shift")
 
 
 def _only_run(uri):
@@ -41,7 +41,8 @@ def test_promptfl_learns_and_mlflow_holds_the_run(ray_cluster, tracking_uri, tmp
     assert run.data.tags["method"] == "promptfl" and run.data.tags["dataset"] == "synthetic-scenes"
     assert run.data.params["federation.clients"] == "4" and run.data.params["method.lr"] == str(spec.method.params.lr)
     assert run.data.tags["actors"] == "new"  # only a Tune trial's actors are kept for the next run
-    for metric in ("val_mAP", "test_mAP", "test_CF1", "val_hallucination_gap", "personal_mAP", "personal_mAP_std"):
+    for metric in ("val_mAP", "test_mAP", "test_CF1", "shift_mAP", "shift_hallucination_gap", "personal_mAP",
+                   "personal_mAP_std"):
         assert _steps(client, run.info.run_id, metric) == [0, 2, 3]  # eval_every=2, and after the last round
     for metric in ("train_loss", "round_seconds", "bytes_up", "bytes_down"):
         assert _steps(client, run.info.run_id, metric) == [1, 2, 3]
@@ -77,8 +78,9 @@ def test_every_registered_method_runs_a_round_through_the_engine(method, ray_clu
     result = run_federated(spec, progress=False)
     client, run = _only_run(tracking_uri)
     assert run.info.status == "FINISHED" and run.data.tags["method"] == method
-    headline = "mAP" if run.data.tags["dataset"] == "synthetic-scenes" else "accuracy"
-    for split in SPLITS:
+    scenes = run.data.tags["dataset"] == "synthetic-scenes"
+    headline = "mAP" if scenes else "accuracy"
+    for split in SPLITS if scenes else ("val", "test"):  # only synthetic-scenes has a shift split
         assert _steps(client, run.info.run_id, f"{split}_{headline}") == [0, 1]
     assert _steps(client, run.info.run_id, f"personal_{headline}") == [0, 1]
     start = torch.load(run.data.tags["checkpoint"], weights_only=True)

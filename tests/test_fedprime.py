@@ -115,8 +115,9 @@ def test_retrieval_picks_the_keys_nearest_the_query():
 
 @pytest.mark.parametrize("name,overrides", [("fedprime", {}), ("fedprime", {"selection": "batch"}),
                                             ("fedavg_p", {"prompt_length": 4, "prompt_layers": 2}),
-                                            ("fedprox_p", {"prompt_length": 4, "prompt_layers": 2})],
-                         ids=["fedprime", "fedprime-batchwise", "fedavg_p", "fedprox_p"])
+                                            ("fedprox_p", {"prompt_length": 4, "prompt_layers": 2}),
+                                            ("fedavg_p", {"prompt_length": 0})],
+                         ids=["fedprime", "fedprime-batchwise", "fedavg_p", "fedprox_p", "no-prompts"])
 def test_local_training_beats_the_untrained_start(world, name, overrides):
     method = build(world, name, local_epochs=3, **overrides)
     before = accuracy(world, method)
@@ -152,6 +153,11 @@ def test_missing_aware_prompts_follow_each_sample_missing_type(world):
                                                       generator=torch.Generator().manual_seed(0)))
         changed = (method(batch) - logits).abs().amax(-1) > 1e-6
     assert changed.tolist() == [False, True, False]
+    # without prompts (the prompt-free baseline): the pooler and head on the frozen encoder's output
+    bare = build(world, "fedavg_p", prompt_length=0)
+    with torch.no_grad():
+        expected = bare.classifier(bare.pooler(world["backbone"].encode(batch.embeddings, batch.mask, {})))
+        assert torch.allclose(bare(batch), expected, atol=1e-6)
 
 
 def test_fedprox_pulls_towards_the_round_start(world):

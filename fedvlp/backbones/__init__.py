@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     from fedvlp.backbones.clip import ClipBackbone
     from fedvlp.backbones.vilt import ViltBackbone
 
-TINY_CLIP = "tiny-clip"  # fedvlp's own small CLIP, pretrained by `fedvlp pretrain tiny-clip`
+TINY_CLIP = "tiny-clip"  # fedvlp's own small CLIP, shipped in the package; `fedvlp pretrain tiny-clip` regenerates it
 
 
 def backbone_family(name: str) -> str:
@@ -44,23 +44,18 @@ def _fedvlp_pretrained(spec) -> bool:
     return spec.backbone.name == TINY_CLIP
 
 
-def prepare_backbone(spec, progress: bool = True) -> None:
-    """Make sure the weights a run needs are on this machine, before any cluster work: tiny-clip's or tiny-vilt's
-    are pretrained once; a real backbone's are fetched where its loader will look (a local path, else the
-    caches, downloading where the hub can be reached), so weights that cannot be had fail here in one line
-    instead of killing every worker."""
+def prepare_backbone(spec) -> None:
+    """Make sure the weights a run needs are on this machine, before any cluster work: tiny-clip's and tiny-vilt's
+    ship in the package and are checked against their checksum; a real backbone's are fetched where its loader
+    will look (a local path, else the caches, downloading where the hub can be reached), so weights that cannot
+    be had fail here in one line instead of killing every worker."""
     name, pretrained = spec.backbone.name, spec.backbone.pretrained
     random_init = pretrained in ("none", "")
     vilt = backbone_family(name) == "vilt"
     if _fedvlp_pretrained(spec):
-        if vilt:
-            from fedvlp.backbones.pretrain_vilt import ensure_tiny_vilt
+        from fedvlp.backbones.shipped import shipped_weights
 
-            ensure_tiny_vilt(progress=progress)
-        else:
-            from fedvlp.backbones.pretrain_clip import ensure_tiny_clip
-
-            ensure_tiny_clip(progress=progress)
+        shipped_weights(name)  # shipped in the package: checked, never pretrained on the way
     elif os.environ.get("RAY_ADDRESS"):
         return  # the workers run on another machine and look in its caches, not this one's
     elif vilt:
@@ -96,13 +91,9 @@ def backbone_id(spec) -> str:
     """Names the exact frozen weights, for keying cached features."""
     name, pretrained = spec.backbone.name, spec.backbone.pretrained
     if _fedvlp_pretrained(spec):
-        if backbone_family(name) == "vilt":
-            from fedvlp.backbones.pretrain_vilt import TinyViltRecipe
+        from fedvlp.backbones.shipped import read_manifest
 
-            return f"{name}:fedvlp:{TinyViltRecipe().key()}"
-        from fedvlp.backbones.pretrain_clip import TinyClipRecipe
-
-        return f"{name}:fedvlp:{TinyClipRecipe().key()}"
+        return f"{name}:fedvlp:{read_manifest()[name]['sha256'][:12]}"
     if pretrained in ("none", ""):
         return f"{name}:random:{spec.seed}"
     if backbone_family(name) == "vilt":
@@ -119,10 +110,9 @@ def load_clip(spec, device: str | torch.device = "cpu") -> ClipBackbone:
 
     name, pretrained = spec.backbone.name, spec.backbone.pretrained
     if name == TINY_CLIP and pretrained == "fedvlp":
-        from fedvlp.backbones.pretrain_clip import ensure_tiny_clip, load_tiny_clip_state
+        from fedvlp.backbones.shipped import shipped_weights
 
-        model = create_clip(name)
-        model.load_state_dict(load_tiny_clip_state(ensure_tiny_clip(progress=False)))
+        model = create_clip(name, str(shipped_weights(name)))  # float16 on disk, float32 in the model
     elif pretrained in ("none", ""):
         torch.manual_seed(torch_seed(spec.seed, "init", 0))  # open_clip initialises from the global RNG
         model = create_clip(name)
@@ -147,9 +137,10 @@ def load_vilt(spec, device: str | torch.device = "cpu") -> ViltBackbone:
 
     name, pretrained = spec.backbone.name, spec.backbone.pretrained
     if name == TINY_VILT and pretrained == "fedvlp":
-        from fedvlp.backbones.pretrain_vilt import ensure_tiny_vilt, load_tiny_vilt_state
+        from fedvlp.backbones.pretrain_vilt import load_tiny_vilt_state
+        from fedvlp.backbones.shipped import shipped_weights
 
-        state, vocabulary = load_tiny_vilt_state(ensure_tiny_vilt(progress=False))
+        state, vocabulary = load_tiny_vilt_state(shipped_weights(name))
         backbone = create_vilt(name, vocabulary=vocabulary)
         backbone.model.load_state_dict(state)
     elif pretrained in ("none", "") and name == TINY_VILT:

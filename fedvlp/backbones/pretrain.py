@@ -2,11 +2,14 @@
 
 The recipes themselves live one module per backbone (`pretrain_clip`, `pretrain_vilt`). Both use
 a fixed number of steps (not a time budget) and named random streams, so the same recipe gives
-bit-identical weights. Each result is cached under the user cache dir, keyed by a hash of its
-recipe *and of the code that produces it* (the syntax trees of the pretraining module, the data
-generator and the model code, and the model config: `_Recipe.code`), so a changed recipe or
-generator is never served from a stale cache, while comments and docstrings leave the key alone.
-Entries are written atomically, so a killed run never leaves a bad file.
+bit-identical weights.
+
+The weights a run uses ship inside the package (`fedvlp.backbones.shipped`); `fedvlp pretrain`
+regenerates them. It trains in float32 into the user cache dir, keyed by a hash of the recipe *and of
+the code that produces it* (the syntax trees of the pretraining module, the data generator and the
+model code, and the model config: `_Recipe.code`), so a changed recipe or generator is never served
+from a stale cache, while comments and docstrings leave the key alone. Entries are written
+atomically, so a killed run never leaves a bad file.
 """
 from __future__ import annotations
 
@@ -150,5 +153,6 @@ def read_metadata(path: Path) -> dict[str, str]:
     """The recipe and measured figures stored with a pretrained checkpoint."""
     with safe_open(str(path), "pt") as f:
         return dict(f.metadata() or {})
+
 
 

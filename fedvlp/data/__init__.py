@@ -39,6 +39,15 @@ class FederatedData:
     def test_labels(self) -> np.ndarray:
         return self.dataset.test.labels
 
+    def labels_of(self, evaluation_set: str) -> np.ndarray:
+        """The labels an evaluation set is scored against: "val", "shift", else the test split's ("test_full", ...)."""
+        if evaluation_set == "val":
+            return self.val.labels
+        if evaluation_set == "shift":
+            assert self.dataset.shift is not None
+            return self.dataset.shift.labels
+        return self.test_labels
+
     @property
     def val(self) -> Split:
         assert self.dataset.val is not None  # load_dataset always provides it

@@ -38,8 +38,10 @@ class Split:
 @dataclass(frozen=True, eq=False)
 class Dataset:
     """train: what the clients train on; val: what tuning and sweeps select on; test: the final score;
-    holdout: the pool the clients' local test sets come from (split over them by the partition rule).
-    A reader may leave val and holdout out; `load_dataset` then splits them off train."""
+    holdout: the pool the clients' local test sets come from (split over them by the partition rule);
+    shift: a second evaluation under a distribution shift (synthetic-scenes: co-occurrence and style decorrelated),
+    scored beside test as "shift_<metric>". A reader may leave val and holdout out; `load_dataset` then splits them
+    off train. Only a reader that has a shifted split gives one."""
     name: str
     class_names: tuple[str, ...]
     multilabel: bool
@@ -47,3 +49,4 @@ class Dataset:
     test: Split
     val: Split | None = None
     holdout: Split | None = None
+    shift: Split | None = None

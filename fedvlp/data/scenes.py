@@ -4,30 +4,35 @@
 colour ``c // 5`` and shape ``c % 5`` (colour-major: "red circle", "red square", ...,
 "yellow cross").
 
-A latent scene context (4 of them) drives the ``pretrain``, ``train`` and ``holdout`` splits:
-what is in a scene and how it looks. Context ``k`` prefers 5 classes (one per shape, colours
-spread; the four sets are disjoint and cover all 20 classes) and a style: one background, one
-lighting, one object scale, one pose and a favoured pair of quadrants (``CONTEXT_*``). Each
-object comes from the preferred set with probability ``P_PREFERRED`` (else uniformly over the
-classes not yet in the image); each of background, lighting, scale and pose is the context's with
-probability ``P_STYLE`` (else uniform); objects go to the favoured quadrants ``QUADRANT_WEIGHT``
-times as readily as to the others. So a client that holds one co-occurrence pattern (label skew
-t = 1) also holds one style. The ``val`` and ``test`` splits draw everything independently and
-uniformly (context = -1): co-occurrence and style learned on train do not hold there.
+Two domains, as real benchmarks have them. The ``pretrain`` split is the *source*: the captioned corpus the tiny
+CLIP learns from, objects in ``OBJECT_RGB``. Every other split is the *target*, the federated task with exact
+labels for every object: its objects are drawn in ``TARGET_RGB``, each colour moved ``PALETTE_SHIFT`` of the way to a
+neighbouring hue (red towards orange, green towards teal, blue towards purple, yellow towards chartreuse). The class
+names still hold, but the frozen encoder meets colours its captions never named: a shift that prompts can correct.
+
+A latent scene context (4 of them) drives what is in a scene and how it looks, in ``pretrain``, ``train``, ``val``,
+``test`` and ``holdout``. Context ``k`` prefers 5 classes (one per shape, colours spread; the four sets are disjoint
+and cover all 20 classes) and a style: one background, one lighting, one object scale, one pose and a favoured pair
+of quadrants (``CONTEXT_*``). Each object comes from the preferred set with probability ``P_PREFERRED`` (else
+uniformly over the classes not yet in the image); in the target splits each of background, lighting, scale and pose
+is the context's with probability ``P_STYLE`` (else uniform), and objects go to the favoured quadrants
+``QUADRANT_WEIGHT`` times as readily as to the others. So a client that holds one co-occurrence pattern (label
+skew t = 1) also holds one style, and ``val`` and ``test`` are drawn like the union of the clients' data, as VOC's
+and COCO's test sets are. The ``shift`` split draws everything independently and uniformly (context = -1): the
+co-occurrence and style learned on train do not hold there, which is where the hallucination gap shows.
 
 Objects are not all easy to see, in every split alike: each is clear, faint (blended into the
 background at ``FAINT_OPACITY``) or partly occluded (a neutral card covers 40-60 % of it), with
 probabilities ``VISIBILITY_P``, and the small scale draws glyphs of radius 4.5-5.4 px (large
-5.8-7 px). Where the object itself is weak evidence, the context (its style, the objects it comes
-with) is a tempting shortcut that val and test punish.
+5.8-7 px).
 
 Objects sit one per quadrant (jittered within it; glyph and card are drawn in the quadrant's
 window, so nothing crosses it) and never overlap. ``SceneSet.quadrants`` holds each quadrant's
-``class``, ``visibility`` and whether the caption ``named`` it (-1: empty), for region-level
-supervision and tests. Conditions per
-image, stored as int arrays in ``SceneSet.conditions``:
+``class``, ``visibility`` and whether the caption ``named`` it (-1: empty), and
+``SceneSet.region_captions`` the phrase the caption uses for it, for region-level supervision
+and tests. Conditions per image, stored as int arrays in ``SceneSet.conditions``:
 
-* ``context``    0..3 (-1 in test and val)
+* ``context``    0..3 (-1 in shift)
 * ``background`` ``BACKGROUNDS``  = plain, striped, checked, gradient, noisy (neutral, low
   saturation colours, never an object colour)
 * ``lighting``   ``LIGHTINGS``    = normal, dim, bright, warm, cool (whole-image gain and tint)
@@ -35,16 +40,17 @@ image, stored as int arrays in ``SceneSet.conditions``:
 * ``layout``     ``LAYOUTS`` / ``LAYOUT_NAMES``: which quadrants hold objects (14 values)
 * ``pose``       ``POSES``        = upright (|angle| <= 4 deg), turned (15-40 deg either way)
 
-Captions name the objects and, half the time, one condition phrase that holds a word of each
-of FedMPT's conditions ("spatial layout", "object pose", "background", "lighting", "object
-scale"): "a photo of a red circle, a blue square and a yellow cross", "a photo of a green
-diamond, on a striped background", "..., in dim lighting", "..., in a turned object pose",
-"..., at a small object scale", "..., with a top row spatial layout" (at most 32 tokens with the
-open_clip tokenizer, start/end included). One condition at most: captions full of conditions let
-contrastive pretraining match on them and leave shapes unlearned. About 15 % of objects are left
-out of the captions, faint and occluded ones most often (``OMIT_P_*``), as people caption what they
-see; a caption always names at least one object. Objects are listed in reading
-order (top left, top right, bottom left, bottom right).
+Captions are written the way people write them: the objects that stand out first (clear before faint or
+occluded), each named with its class's own words with probability ``CANONICAL_P`` per word, else a synonym
+(``COLOUR_WORDS``, ``SHAPE_WORDS``: "a crimson ball", "the navy kite"), an article of ``ARTICLES``, in one of
+``CAPTION_FRAMES`` ("there is ...", "... in the picture"), and, half the time, one condition phrase that holds a
+word of each of FedMPT's conditions ("spatial layout", "object pose", "background", "lighting", "object scale"):
+"i can see a green rhombus, on a striped background", "..., in dim lighting", "..., in a turned object pose", "...,
+at a small object scale", "..., with a top row spatial layout" (at most 32 tokens with the open_clip tokenizer,
+start/end included). One condition at most: captions full of conditions let contrastive pretraining match on them
+and leave shapes unlearned. About 15 % of objects are left out of the captions, faint and occluded ones most often
+(``OMIT_P_*``), as people caption what they see; a caption always names at least one object. The evaluation
+prompt "a photo of a {class}." is one frame, article and wording among many: about 1 caption in 700 reads like it.
 
 Everything is drawn from ``numpy_rng(seed, "data", SPLITS.index(split))`` in fixed blocks of
 ``BLOCK`` images, so a set is a prefix of any larger set with the same seed and split.
@@ -59,9 +65,10 @@ import numpy as np
 from fedvlp.data.synthetic import check_generator_args
 from fedvlp.seeding import numpy_rng
 
-SPLITS = ("pretrain", "train", "test", "val", "holdout")
-DECORRELATED_SPLITS = ("test", "val")
-STYLED_SPLITS = ("train", "holdout")
+SPLITS = ("pretrain", "train", "test", "val", "holdout", "shift")
+SOURCE_SPLITS = ("pretrain",)                            # the captioned corpus the tiny CLIP learns from
+STYLED_SPLITS = ("train", "test", "val", "holdout")      # the target task, drawn like the clients' union
+DECORRELATED_SPLITS = ("shift",)
 SHAPES = ("circle", "square", "triangle", "diamond", "cross")
 COLOURS = ("red", "green", "blue", "yellow")
 CLASS_NAMES = [f"{colour} {shape}" for colour in COLOURS for shape in SHAPES]
@@ -118,10 +125,27 @@ OMIT_P_HARD = 0.5
 BLOCK = 1024
 
 OBJECT_RGB = np.array([(220, 35, 35), (30, 170, 55), (40, 80, 230), (240, 210, 30)], np.float32)
+# The target domain's palette: each colour moved PALETTE_SHIFT of the way towards a neighbouring hue (red to
+# orange, green to teal, blue to purple, yellow to chartreuse), so the frozen encoder meets colours its captions
+# never named, and the class names still hold.
+SHIFTED_RGB = np.array([(240, 125, 30), (30, 160, 165), (140, 60, 210), (165, 215, 40)], np.float32)
+PALETTE_SHIFT = 0.6
+TARGET_RGB = (1 - PALETTE_SHIFT) * OBJECT_RGB + PALETTE_SHIFT * SHIFTED_RGB
+
+# How people name what they see: a caption word is the class's own word with probability CANONICAL_P, else one of
+# its synonyms; captions use one of CAPTION_FRAMES and list objects most visible first.
+COLOUR_WORDS = (("red", "crimson", "scarlet"), ("green", "lime", "emerald"), ("blue", "navy", "azure"),
+                ("yellow", "golden", "lemon"))
+SHAPE_WORDS = (("circle", "ball", "disc", "dot"), ("square", "box", "block", "tile"),
+               ("triangle", "pyramid", "wedge"), ("diamond", "rhombus", "kite", "lozenge"),
+               ("cross", "plus", "plus sign"))
+CANONICAL_P = 0.4
+ARTICLES = ("a", "one", "the")
+CAPTION_FRAMES = ("{}", "a photo of {}", "a picture of {}", "there is {}", "{} in the picture", "i can see {}",
+                  "a snapshot with {}", "{} here")
 LIGHT_GAIN = np.array([(1.0, 1.0, 1.0), (0.55, 0.58, 0.68), (1.3, 1.25, 1.15), (1.15, 0.95, 0.7),
                        (0.75, 0.92, 1.2)], np.float32)
 
-_PHRASES = [f"a {name}" for name in CLASS_NAMES]
 _CONTEXT_MASK = np.zeros((NUM_CONTEXTS, NUM_CLASSES), bool)
 _CONTEXT_MASK[np.arange(NUM_CONTEXTS)[:, None], CONTEXT_CLASSES] = True
 _FAVOURED = np.zeros((NUM_CONTEXTS, 4), bool)
@@ -138,7 +162,8 @@ class SceneSet:
     captions: list[str]
     conditions: dict[str, np.ndarray]    # int64 [n] each; see module docstring
     class_names: tuple[str, ...]
-    quadrants: dict[str, np.ndarray]     # int64 [n, 4] each: "class", "visibility" (-1: empty)
+    quadrants: dict[str, np.ndarray]     # int64 [n, 4] each: "class", "visibility", "named" (-1: empty)
+    region_captions: tuple[tuple[str, str, str, str], ...] = ()  # each quadrant's phrase in the caption ("": none)
 
     def __len__(self) -> int:
         return len(self.captions)
@@ -154,6 +179,7 @@ def generate_scenes(num_samples: int, split: str, seed: int, image_size: int = 3
                   ("context", "background", "lighting", "scale", "layout", "pose")}
     quadrants = {k: np.empty((n, 4), np.int64) for k in ("class", "visibility", "named")}
     captions: list[str] = []
+    region_captions: list[tuple[str, str, str, str]] = []
     for start in range(0, n, BLOCK):
         m = min(BLOCK, n - start)
         params = _draw_block(rng, split, size)   # always a full block: prefix-stable
@@ -168,8 +194,10 @@ def generate_scenes(num_samples: int, split: str, seed: int, image_size: int = 3
         quadrants["class"][sl] = params["quadrant_class"]
         quadrants["visibility"][sl] = np.where(present, params["visibility"], -1)
         quadrants["named"][sl] = np.where(present, ~params["omit"], -1)
-        captions.extend(_captions(params))
-    return SceneSet(images, labels, captions, conditions, tuple(CLASS_NAMES), quadrants)
+        for caption, regions in _captions(params):
+            captions.append(caption)
+            region_captions.append(regions)
+    return SceneSet(images, labels, captions, conditions, tuple(CLASS_NAMES), quadrants, tuple(region_captions))
 
 
 def _draw_block(rng: np.random.Generator, split: str, size: int) -> dict[str, np.ndarray]:
@@ -248,13 +276,22 @@ def _draw_block(rng: np.random.Generator, split: str, size: int) -> dict[str, np
     # (zero-shot mAP 0.30 vs 0.46 after 350 steps).
     caption_condition = np.where(rng.random(b) < CAPTION_CONDITION_P,
                                  rng.integers(0, len(_CONDITION_PHRASES), b), -1)
+    canonical = rng.random((b, 4, 2)) < CANONICAL_P
+    colour_word = np.where(canonical[..., 0], 0, rng.integers(1, 3, (b, 4)))
+    shape_synonyms = np.array([len(w) - 1 for w in SHAPE_WORDS])[np.maximum(quadrant_class, 0) % len(SHAPES)]
+    shape_word = np.where(canonical[..., 1], 0, 1 + np.floor(rng.random((b, 4)) * shape_synonyms).astype(np.int64))
+    article = rng.integers(0, len(ARTICLES), (b, 4))
+    frame = rng.integers(0, len(CAPTION_FRAMES), b)
+    mention_order = np.argsort(np.where(visibility == 0, 0.0, 1.0) + rng.random((b, 4)), axis=1)
     return dict(context=np.where(decorrelated, -1, context), quadrant_class=quadrant_class,
                 layout=layout, background=background, bg_a=bg_a, bg_b=bg_b,
                 stripe_dir=stripe_dir, period=period, cell=cell, phase=phase,
                 grad_angle=grad_angle, noise=noise, lighting=lighting, gain=gain,
                 radius=radius, scale=scale, pose=pose, angle=angle, jitter=jitter,
                 visibility=visibility, opacity=opacity, card_side=card_side, card_cut=card_cut,
-                omit=omit, caption_condition=caption_condition)
+                omit=omit, caption_condition=caption_condition, colour_word=colour_word, shape_word=shape_word,
+                article=article, frame=frame, mention_order=mention_order,
+                palette=np.full(b, split not in SOURCE_SPLITS))
 
 
 def _background(p: dict[str, np.ndarray], size: int) -> np.ndarray:
@@ -339,7 +376,8 @@ def _render(p: dict[str, np.ndarray], size: int) -> np.ndarray:
                                         p["card_cut"][rows, quads].astype(np.float32)[:, None, None],
                                         dx, dy, r_px), 0.0, 1.0)
     card *= (p["visibility"][rows, quads] == 2)[:, None, None]
-    colour = OBJECT_RGB[cls // len(SHAPES)][:, None, None, :]
+    colour = np.where(p["palette"][rows][:, None], TARGET_RGB[cls // len(SHAPES)],
+                      OBJECT_RGB[cls // len(SHAPES)])[:, None, None, :]
     card_colour = p["bg_b"][rows].astype(np.float32)[:, None, None, :]
     a, c = alpha[..., None], card[..., None].astype(np.float32)
     for quad in range(4):
@@ -373,13 +411,23 @@ _CONDITION_PHRASES = (
 )
 
 
-def _captions(p: dict[str, np.ndarray]) -> list[str]:
+def _object_phrase(p: dict[str, np.ndarray], i: int, quadrant: int) -> str:
+    cls = p["quadrant_class"][i, quadrant]
+    colour = COLOUR_WORDS[cls // len(SHAPES)][p["colour_word"][i, quadrant]]
+    article = ARTICLES[p["article"][i, quadrant]]
+    article = "an" if article == "a" and colour[0] in "aeiou" else article
+    return f"{article} {colour} {SHAPE_WORDS[cls % len(SHAPES)][p['shape_word'][i, quadrant]]}"
+
+
+def _captions(p: dict[str, np.ndarray]) -> list[tuple[str, tuple[str, str, str, str]]]:
+    """Each image's caption and the phrase it uses for each quadrant's object ("" where it names none)."""
     out = []
-    named = np.where(p["omit"], -1, p["quadrant_class"])
+    named = (p["quadrant_class"] >= 0) & ~p["omit"]
     for i in range(len(named)):
-        objs = [_PHRASES[c] for c in named[i] if c >= 0]
+        regions = tuple(_object_phrase(p, i, q) if named[i, q] else "" for q in range(4))
+        objs = [regions[q] for q in p["mention_order"][i] if regions[q]]
         listed = objs[0] if len(objs) == 1 else ", ".join(objs[:-1]) + " and " + objs[-1]
         which = p["caption_condition"][i]
         condition = "" if which < 0 else ", " + _CONDITION_PHRASES[which](p, i)
-        out.append(f"a photo of {listed}{condition}")
+        out.append((CAPTION_FRAMES[p["frame"][i]].format(listed) + condition, regions))
     return out

@@ -25,7 +25,8 @@ def format_stats(data: FederatedData, top: int = 3) -> str:
     if data.train_missing is not None:
         header += "   missing: text / image"
     dataset = data.dataset
-    lines = [f"{dataset.name}: {len(dataset.train)} train / {len(data.val)} val / {len(dataset.test)} test / "
+    shift = "" if dataset.shift is None else f"{len(dataset.shift)} shift / "
+    lines = [f"{dataset.name}: {len(dataset.train)} train / {len(data.val)} val / {len(dataset.test)} test / {shift}"
              f"{len(data.holdout)} held-out samples, {len(names)} classes, {len(data.parts)} clients", header]
     for cid, idx in enumerate(data.parts):
         row = counts[cid]

@@ -21,13 +21,14 @@ def check_generator_args(num_samples, split, image_size, splits: tuple[str, ...]
 SYNTHETIC_SPLITS = ("train", "val", "test", "holdout")
 
 
-def _read_synthetic(name: str, generate, multilabel: bool, request):
-    """Every split generated from its own seed stream, so val and the held-out pool never overlap train."""
+def _read_synthetic(name: str, generate, multilabel: bool, request, shift: bool = False):
+    """Every split generated from its own seed stream, so val and the held-out pool never overlap train; with
+    `shift`, also the generator's `shift` split, as large as test."""
     from fedvlp.data.dataset import Dataset, Split
     from fedvlp.data.images import ArrayImages
 
     sizes = {"train": request.num_train, "val": request.num_val, "test": request.num_test,
-             "holdout": request.num_holdout}
+             "holdout": request.num_holdout, **({"shift": request.num_test} if shift else {})}
     splits = {}
     for split, size in sizes.items():
         made = generate(size, split, request.seed)
@@ -40,7 +41,7 @@ def _read_synthetic(name: str, generate, multilabel: bool, request):
 def _scenes(request):
     from fedvlp.data.scenes import generate_scenes
 
-    return _read_synthetic("synthetic-scenes", generate_scenes, True, request)
+    return _read_synthetic("synthetic-scenes", generate_scenes, True, request, shift=True)
 
 
 def _recipes(request):

@@ -32,7 +32,7 @@ from fedvlp.methods.base import ClientData, Method
 from fedvlp.methods.numerics import region_aggregate
 from fedvlp.methods.prompts import PromptTemplate
 from fedvlp.methods.registry import register
-from fedvlp.spec import int_range, log_range, spec_field
+from fedvlp.spec import CLIP_EPOCHS_RANGE, CLIP_LR_RANGE, log_range, spec_field
 
 
 @dataclass(frozen=True)
@@ -50,9 +50,9 @@ class DualCoOpParams:
         "(reference 5 = 100 / 20 for OpenAI CLIP)", gt=0)
     lr: float = spec_field(0.2, "SGD learning rate, momentum 0.9 (reference 0.002 over 50 epochs, on a loss summed "
                                 "over classes; here the loss is a mean over known labels)", gt=0,
-                           tune=log_range(1e-2, 3.0))
+                           tune=CLIP_LR_RANGE)
     batch_size: int = spec_field(32, "local batch size", ge=1)
-    local_epochs: int = spec_field(5, "local epochs per round", ge=1, tune=int_range(1, 8))
+    local_epochs: int = spec_field(5, "local epochs per round", ge=1, tune=CLIP_EPOCHS_RANGE)
     gamma_neg: float = spec_field(2.0, "asymmetric loss: focusing of the negatives", ge=0)
     gamma_pos: float = spec_field(1.0, "asymmetric loss: focusing of the positives", ge=0)
     asl_clip: float = spec_field(0.05, "asymmetric loss: probability margin of the negatives", ge=0, lt=1)

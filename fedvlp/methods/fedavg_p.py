@@ -29,7 +29,7 @@ from fedvlp.data.missing import FULL, MISSING_IMAGE, MISSING_TEXT
 from fedvlp.methods.base import ClientData, Method, TokenInputs
 from fedvlp.methods.fedprime import token_inputs, trainable_pooler, vilt_classifier
 from fedvlp.methods.registry import register
-from fedvlp.spec import int_range, log_range, spec_field
+from fedvlp.spec import VILT_EPOCHS_RANGE, VILT_LR_RANGE, log_range, spec_field
 
 ONES_ROW = {FULL: 0, MISSING_IMAGE: 1, MISSING_TEXT: 2}  # the reference's one-hot-like initial rows
 
@@ -41,14 +41,15 @@ def prompted_layers(requested: int | None, depth: int) -> int:
 
 @dataclass(frozen=True)
 class FedAvgPParams:
-    prompt_length: int = spec_field(16, "prompt tokens per prompted layer (reference: 16)", ge=3)
+    prompt_length: int = spec_field(16, "prompt tokens per prompted layer (reference: 16; 0: no prompts, the trainable "
+                                        "pooler and head alone, the prompt-free baseline)", ge=0)
     prompt_layers: int | None = spec_field(
         None, "prompted layers, from the first (null: the first half of the backbone's, as the reference's 6 of 12; "
               "capped at the depth)", ge=1)
     prox_mu: float = spec_field(0.0, "FedProx proximal weight mu (0: FedAvg-P)", ge=0)
-    lr: float = spec_field(0.05, "SGD learning rate", gt=0, tune=log_range(3e-3, 0.5))
+    lr: float = spec_field(0.05, "SGD learning rate", gt=0, tune=VILT_LR_RANGE)
     batch_size: int = spec_field(64, "local batch size", ge=1)
-    local_epochs: int = spec_field(1, "local epochs per round", ge=1, tune=int_range(1, 5))
+    local_epochs: int = spec_field(1, "local epochs per round", ge=1, tune=VILT_EPOCHS_RANGE)
 
 
 @dataclass(frozen=True)
@@ -69,7 +70,8 @@ class FedAvgP(Method):
         layers = prompted_layers(params.prompt_layers, backbone.num_layers)
         prompts = torch.zeros(3, layers, params.prompt_length, backbone.hidden_size)
         for code, row in ONES_ROW.items():
-            prompts[code, :, row] = 1.0
+            if row < params.prompt_length:
+                prompts[code, :, row] = 1.0
         self.prompts = torch.nn.Parameter(prompts)  # [missing type, layer, token, D]
         self.pooler = trainable_pooler(backbone)
         self.classifier = vilt_classifier(backbone.hidden_size, len(task.class_names), generator)

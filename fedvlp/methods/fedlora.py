@@ -76,7 +76,13 @@ from fedvlp.errors import ConfigError
 from fedvlp.methods.base import ClientData, Method, TokenInputs
 from fedvlp.methods.fedprime import token_inputs, trainable_pooler, vilt_classifier
 from fedvlp.methods.registry import register
-from fedvlp.spec import int_range, log_range, spec_field
+from fedvlp.spec import (
+    CLIP_EPOCHS_RANGE,
+    CLIP_LR_RANGE,
+    VILT_EPOCHS_RANGE,
+    VILT_LR_RANGE,
+    spec_field,
+)
 
 ADAPTER = "default"  # peft's adapter name; get_peft_model_state_dict strips it from the keys
 # module-name suffixes peft matches (a key matches a target t if it is t or ends with "." + t)
@@ -98,9 +104,9 @@ class FedLoraParams:
                                   "trained and averaged (exact average)")
     template: str = spec_field("a photo of a {}.", "hand-written prompt; {} is replaced by the class name")
     optimizer: Literal["adamw", "sgd"] = spec_field("adamw", "local optimiser: adamw (no weight decay) or plain sgd")
-    lr: float = spec_field(2e-3, "learning rate (AdamW, as PromptFL's Adam)", gt=0, tune=log_range(3e-4, 3e-2))
+    lr: float = spec_field(2e-3, "learning rate (AdamW, as PromptFL's Adam)", gt=0, tune=CLIP_LR_RANGE)
     batch_size: int = spec_field(64, "local batch size", ge=1)
-    local_epochs: int = spec_field(5, "local epochs per round", ge=1, tune=int_range(1, 8))
+    local_epochs: int = spec_field(5, "local epochs per round", ge=1, tune=CLIP_EPOCHS_RANGE)
     init_bias: float = spec_field(-5.0, "starting bias of the multi-label logits")
 
     def __post_init__(self):
@@ -122,9 +128,9 @@ class FedLoraViltParams:
                                   "trained and averaged (exact average)")
     optimizer: Literal["sgd", "adamw"] = spec_field(
         "sgd", "local optimiser of adapters and heads: sgd (as FedAvg-P and FED-PRIME) or adamw (no weight decay)")
-    lr: float = spec_field(0.05, "learning rate (SGD, as FedAvg-P)", gt=0, tune=log_range(3e-3, 0.5))
+    lr: float = spec_field(0.05, "learning rate (SGD, as FedAvg-P)", gt=0, tune=VILT_LR_RANGE)
     batch_size: int = spec_field(64, "local batch size", ge=1)
-    local_epochs: int = spec_field(2, "local epochs per round", ge=1, tune=int_range(1, 5))
+    local_epochs: int = spec_field(2, "local epochs per round", ge=1, tune=VILT_EPOCHS_RANGE)
 
 
 M = TypeVar("M", bound=torch.nn.Module)

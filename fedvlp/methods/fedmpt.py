@@ -44,7 +44,7 @@ from fedvlp.methods.base import ClientData, Method
 from fedvlp.methods.numerics import ot_region_scores, region_aggregate
 from fedvlp.methods.prompts import ConditionPromptTemplate, PromptTemplate
 from fedvlp.methods.registry import register
-from fedvlp.spec import int_range, log_range, spec_field
+from fedvlp.spec import CLIP_EPOCHS_RANGE, CLIP_LR_RANGE, spec_field
 
 OT_TOLERANCE = 1e-4  # float32 marginals cannot get closer than ~1e-6 summed; stop well before that floor
 PAPER_CONDITIONS = ("spatial layout", "object pose", "background", "lighting", "object scale")
@@ -71,11 +71,11 @@ class FedMPTParams:
     clip: float = spec_field(0.05, "ASL probability shift of negatives", ge=0, lt=1)
     init_bias: float = spec_field(-5.0, "starting bias of the logits")
     lr: float = spec_field(0.02, "SGD learning rate (paper: 1e-3 on a loss summed over classes with weight 0.02; "
-                                 "here the loss is a mean over known labels)", gt=0, tune=log_range(1e-3, 1.0))
+                                 "here the loss is a mean over known labels)", gt=0, tune=CLIP_LR_RANGE)
     momentum: float = spec_field(0.9, "SGD momentum", ge=0, lt=1)
     weight_decay: float = spec_field(1e-5, "SGD weight decay", ge=0)
     batch_size: int = spec_field(32, "local batch size", ge=1)
-    local_epochs: int = spec_field(1, "local epochs per round (paper: 1)", ge=1, tune=int_range(1, 8))
+    local_epochs: int = spec_field(1, "local epochs per round (paper: 1)", ge=1, tune=CLIP_EPOCHS_RANGE)
 
     def __post_init__(self):
         if self.conditions_file is not None:

@@ -43,7 +43,7 @@ from fedvlp.methods.base import LOCAL, ClientData, Method
 from fedvlp.methods.numerics import partial_transport, sinkhorn
 from fedvlp.methods.prompts import PromptTemplate
 from fedvlp.methods.registry import register
-from fedvlp.spec import int_range, log_range, spec_field
+from fedvlp.spec import CLIP_EPOCHS_RANGE, CLIP_LR_RANGE, spec_field
 
 NUM_PROMPTS = 2  # prompt 0 global, prompt 1 local (the reference's --num_prompt 2, --avg_prompt 1)
 
@@ -64,9 +64,9 @@ class FedOTPParams:
     init_bias: float = spec_field(
         -2.0, "starting bias of the multi-label logits (learned, averaged like the global prompt)")
     lr: float = spec_field(0.2, "SGD learning rate, momentum 0.9 (reference 0.001, on a loss summed over classes; "
-                                "here the loss is a mean over known labels)", gt=0, tune=log_range(1e-2, 3.0))
+                                "here the loss is a mean over known labels)", gt=0, tune=CLIP_LR_RANGE)
     batch_size: int = spec_field(32, "local batch size (reference 32)", ge=1)
-    local_epochs: int = spec_field(5, "local epochs per round (reference 1)", ge=1, tune=int_range(1, 8))
+    local_epochs: int = spec_field(5, "local epochs per round (reference 1)", ge=1, tune=CLIP_EPOCHS_RANGE)
     gamma_neg: float = spec_field(2.0, "asymmetric loss: focusing of the negatives", ge=0)
     gamma_pos: float = spec_field(1.0, "asymmetric loss: focusing of the positives", ge=0)
     asl_clip: float = spec_field(0.05, "asymmetric loss: probability margin of the negatives", ge=0, lt=1)

@@ -34,7 +34,7 @@ from fedvlp.errors import ConfigError
 from fedvlp.methods.base import LOCAL, ClientData, Method, TokenInputs
 from fedvlp.methods.prompts import PromptPool
 from fedvlp.methods.registry import register
-from fedvlp.spec import int_range, log_range, spec_field
+from fedvlp.spec import VILT_EPOCHS_RANGE, VILT_LR_RANGE, spec_field
 
 
 @dataclass(frozen=True)
@@ -46,9 +46,9 @@ class FedPrimeParams:
     selection: Literal["sample", "batch"] = spec_field(
         "sample", "top-k per sample (paper), or the reference's batch-wise majority selection")
     retrieval_weight: float = spec_field(0.01, "weight of the retrieval regulariser", ge=0)
-    lr: float = spec_field(0.05, "SGD learning rate (reference: 0.05 on Food-101)", gt=0, tune=log_range(3e-3, 0.5))
+    lr: float = spec_field(0.05, "SGD learning rate (reference: 0.05 on Food-101)", gt=0, tune=VILT_LR_RANGE)
     batch_size: int = spec_field(64, "local batch size", ge=1)
-    local_epochs: int = spec_field(1, "local epochs per round (reference: 1)", ge=1, tune=int_range(1, 5))
+    local_epochs: int = spec_field(1, "local epochs per round (reference: 1)", ge=1, tune=VILT_EPOCHS_RANGE)
     outer_loops: int = spec_field(5, "server clustering: alternations of Adam steps and Hungarian matching", ge=1)
     cluster_lr: float = spec_field(1e-3, "server clustering: Adam learning rate", gt=0)
     cluster_prompts: Literal["selected", "all"] = spec_field(

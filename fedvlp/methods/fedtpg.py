@@ -35,7 +35,7 @@ from torch import nn
 from fedvlp.methods.base import ClientData, Method
 from fedvlp.methods.prompts import PromptTemplate
 from fedvlp.methods.registry import register
-from fedvlp.spec import int_range, log_range, spec_field
+from fedvlp.spec import CLIP_EPOCHS_RANGE, CLIP_LR_RANGE, spec_field
 
 
 @dataclass(frozen=True)
@@ -45,9 +45,9 @@ class FedTPGParams:
     ff_mult: int = spec_field(4, "feed-forward hidden width = ff_mult * token width (reference 4)", ge=1)
     init_bias: float = spec_field(-5.0, "starting bias of the multi-label logits")
     lr: float = spec_field(0.06, "SGD learning rate, momentum 0.9 (reference 0.003, on a loss summed over classes; "
-                                 "here the loss is a mean over known labels)", gt=0, tune=log_range(3e-3, 1.0))
+                                 "here the loss is a mean over known labels)", gt=0, tune=CLIP_LR_RANGE)
     batch_size: int = spec_field(32, "local batch size (reference 200)", ge=1)
-    local_epochs: int = spec_field(5, "local epochs per round (reference 1)", ge=1, tune=int_range(1, 8))
+    local_epochs: int = spec_field(5, "local epochs per round (reference 1)", ge=1, tune=CLIP_EPOCHS_RANGE)
     gamma_neg: float = spec_field(2.0, "asymmetric loss: focusing of the negatives", ge=0)
     gamma_pos: float = spec_field(1.0, "asymmetric loss: focusing of the positives", ge=0)
     asl_clip: float = spec_field(0.05, "asymmetric loss: probability margin of the negatives", ge=0, lt=1)

@@ -15,16 +15,16 @@ import torch
 from fedvlp.methods.base import ClientData, Method
 from fedvlp.methods.prompts import PromptTemplate
 from fedvlp.methods.registry import register
-from fedvlp.spec import int_range, log_range, spec_field
+from fedvlp.spec import CLIP_EPOCHS_RANGE, CLIP_LR_RANGE, spec_field
 
 
 @dataclass(frozen=True)
 class PromptFLParams:
     n_ctx: int = spec_field(4, "learned context vectors M", ge=1)
     ctx_init: str = spec_field("a photo of a", "words the context starts from ('' = random); must be n_ctx tokens")
-    lr: float = spec_field(2e-3, "Adam learning rate", gt=0, tune=log_range(3e-4, 3e-2))
+    lr: float = spec_field(2e-3, "Adam learning rate", gt=0, tune=CLIP_LR_RANGE)
     batch_size: int = spec_field(64, "local batch size", ge=1)
-    local_epochs: int = spec_field(5, "local epochs per round", ge=1, tune=int_range(1, 8))
+    local_epochs: int = spec_field(5, "local epochs per round", ge=1, tune=CLIP_EPOCHS_RANGE)
     init_bias: float = spec_field(-5.0, "starting bias of the multi-label logits")
 
 

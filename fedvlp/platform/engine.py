@@ -86,7 +86,7 @@ def run_federated(spec, *, progress: bool = True, on_round=None, tags: dict | No
                           f"{data.dataset.name} has no text")
     task = Task(data.dataset.class_names, multilabel=data.dataset.multilabel)
     tic = phase("data", tic)
-    prepare_backbone(spec, progress=progress)  # its weights on this machine (a tiny one pretrained once)
+    prepare_backbone(spec)  # its weights on this machine (a tiny one ships in the package)
     tic = phase("backbone", tic)
     privacy = _privacy(spec)
     cooccurring = cooccurring_pairs(data.dataset.train.labels) if task.multilabel else None
@@ -497,11 +497,12 @@ def _reserve(spec):
 def _feature_sets(data: FederatedData, feature_kind: str) -> list[tuple[str, Split, np.ndarray | None]]:
     """What the workers encode: (name, split, missing table). The training split, the held-out pool of the
     clients' local test sets, val and test; for image+text methods val under the training setting, and the
-    test split once per evaluation set ("test" is the training setting, then "test_full", "test_miss_image", ...)."""
+    test split once per evaluation set ("test" is the training setting, then "test_full", "test_miss_image", ...);
+    and a dataset's shifted split where it has one ("shift")."""
     dataset = data.dataset
     if feature_kind != "embeddings":
         return [("train", dataset.train, None), ("holdout", data.holdout, None), ("val", data.val, None),
-                ("test", dataset.test, None)]
+                ("test", dataset.test, None)] + ([("shift", dataset.shift, None)] if dataset.shift is not None else [])
     assert data.eval_missing is not None  # image+text data always has its evaluation tables
     return [("train", dataset.train, data.train_missing), ("holdout", data.holdout, data.holdout_missing),
             ("val", data.val, data.val_missing)] + [
@@ -556,7 +557,7 @@ def _attach_data(spec, data, pool: WorkerPool, worker: dict, say) -> dict[str, s
     missing = {"val": data.val_missing, **{_eval_set_name(n): t for n, t in (data.eval_missing or {}).items()}}
     eval_ref = ray.put({name: (f, missing.get(name)) for name, f in features.items()})
     pool.attach(train_ref, holdout_ref, data.parts, data.local_tests, eval_ref,
-                max(len(data.val), len(dataset.test)))
+                max(len(data.val), len(dataset.test), len(dataset.shift or ())))
     return cache_status
 
 
@@ -572,8 +573,9 @@ def _evaluate(pool: WorkerPool, coordinator, data, task, cooccurring) -> dict[st
     """Score the global model on every evaluation set, sharded over the workers, and each client's model on its
     local test set; the metrics are computed centrally.
 
-    Names: "<set>_<metric>" for the sets "val", "test" and, on image+text data, the six fixed test sets
-    ("test_full_accuracy", "test_text_only_macro_f1", ...); "personal_<metric>" for the mean over the clients
+    Names: "<set>_<metric>" for the sets "val", "test", "shift" where the dataset has one ("shift_mAP",
+    "shift_hallucination_gap") and, on image+text data, the six fixed test sets ("test_full_accuracy",
+    "test_text_only_macro_f1", ...); "personal_<metric>" for the mean over the clients
     of their own model on their local test set, and "personal_<metric>_std" for its spread over the clients.
     """
     state_ref = coordinator.global_state.remote()
@@ -582,8 +584,7 @@ def _evaluate(pool: WorkerPool, coordinator, data, task, cooccurring) -> dict[st
     for name in per_worker[0]:
         blocks = sorted((b for scores in per_worker for b in scores[name]), key=lambda b: b[0])
         logits = np.concatenate([scores for _, scores in blocks])
-        labels = data.val.labels if name == "val" else data.test_labels
-        metrics.update({f"{name}_{k}": v for k, v in _scores(task, logits, labels, cooccurring).items()})
+        metrics.update({f"{name}_{k}": v for k, v in _scores(task, logits, data.labels_of(name), cooccurring).items()})
     if pool.local_test_clients:
         clients = sorted(pool.local_test_clients)
         by_client = pool.evaluate_clients(state_ref, coordinator.client_states_of.remote(clients))

@@ -14,6 +14,9 @@ import numpy as np
 from numpy.typing import ArrayLike
 
 UNKNOWN = -1
+# The sets a run's metrics are named after ("<set>_<metric>"), in the order tables show them: the global model on
+# val, test and a dataset's shifted split, and the clients' own models on their local test sets.
+EVALUATION_SETS = ("val", "test", "shift", "personal")
 
 
 def _safe_div(num: ArrayLike, den: ArrayLike) -> np.ndarray:

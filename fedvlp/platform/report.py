@@ -31,6 +31,7 @@ from urllib.parse import quote
 import numpy as np
 
 from fedvlp.errors import FedvlpError
+from fedvlp.platform.metrics import EVALUATION_SETS
 from fedvlp.platform.sampling import cohort_size
 from fedvlp.platform.sweep import VARIANT_KEY
 
@@ -49,7 +50,7 @@ def key_label(key: str) -> str:
 def metric_label(metric: str, unit: bool = False) -> str:
     # Every fedvlp score is a fraction in [0, 1], not a percentage.
     split, _, name = metric.partition("_")
-    text = f"{split} {name.replace('_', ' ')}" if split in ("val", "test", "personal") else metric.replace("_", " ")
+    text = f"{split} {name.replace('_', ' ')}" if split in EVALUATION_SETS else metric.replace("_", " ")
     return text + (" (0–1)" if unit else "")
 
 

@@ -23,6 +23,7 @@ import yaml
 
 from fedvlp.errors import FedvlpError, TrackingError
 from fedvlp.paths import default_tracking_uri
+from fedvlp.platform.metrics import EVALUATION_SETS
 
 os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
 logging.getLogger("alembic").setLevel(logging.WARNING)
@@ -135,7 +136,7 @@ def save_ui_views(store, experiment_id: str, metric: str = "val_mAP") -> bool:
     from mlflow import MlflowClient
 
     split, _, key = metric.partition("_")
-    twins = [f"{s}_{key}" for s in ("val", "test", "personal")] if split in ("val", "test", "personal") else [metric]
+    twins = [f"{s}_{key}" for s in EVALUATION_SETS] if split in EVALUATION_SETS else [metric]
     columns = ["tags.`method`", *(f"metrics.`{m}`" for m in twins)]
     table = {"selectedColumns": columns, "orderByKey": f"metrics.`{metric}`", "orderByAsc": False,
              "columnOrder": ["attributes.`Run Name`", "runDateAndNestInfo", "duration", *columns],  # widths need it
