@@ -324,21 +324,21 @@ def as_labels(labels: np.ndarray) -> torch.Tensor:
     return torch.from_numpy(labels.astype(np.float32 if labels.ndim == 2 else np.int64))
 
 
-EVAL_SETS = ("val", "test", "personal")
+EVAL_SETS = ("val", "test", "shift", "personal")  # "shift" where the dataset has one
 
 
 class Evaluator:
     """The engine's evaluation (`engine._evaluate`) in this process, under the engine's metric names: the global
-    model (`Method.load_global`) on each split of `sets` ("val", "test"), scored in blocks of EVAL_BLOCK as the
-    workers score them, and for "personal" each client's model (the global state with its own local state) on its
-    local test set, the mean and spread over the clients."""
+    model (`Method.load_global`) on each split of `sets` ("val", "test", "shift" where the dataset has one), scored
+    in blocks of EVAL_BLOCK as the workers score them, and for "personal" each client's model (the global state with
+    its own local state) on its local test set, the mean and spread over the clients."""
 
     def __init__(self, spec, data, method, backbone, sets=EVAL_SETS):
         self.method, self.task = method, method.task
         kind = method.feature_kind
         self.splits = {name: (as_inputs(method, frozen_features(spec, data, backbone, kind, name)),
-                              data.val.labels if name == "val" else data.test_labels)
-                       for name in sets if name != "personal"}
+                              data.labels_of(name))
+                       for name in sets if name != "personal" and getattr(data.dataset, name) is not None}
         self.cooccurring = cooccurring_pairs(data.dataset.train.labels) if self.task.multilabel else None
         self.local_tests: dict[int, tuple] = {}
         if "personal" in sets and len(data.holdout):

@@ -1,10 +1,10 @@
 """Are the multi-label studies' 5 rounds enough? Each method's tuned config run longer, its val mAP every round.
 
 Runs fedvlp's bare loop (the engine's partition, cohorts, per-(round, client) generators and server rules, no
-Ray) on the studies' settings (label skew t = 0.5, 10 clients, 1,500 training images), scoring val, never test.
+Ray) on the tuned configs' settings (label skew t = 0.5, 10 clients, 2,000 training images), scoring val, never test.
 Prints, per method, the val mAP at round 0, at the studies' round 5 and at the last round, mean over seeds, and
 the gain after round 5. Writes benchmarks/results/convergence.json.
-Run: python benchmarks/convergence.py [--rounds 20] [--seeds 0 1 2]   (~17 min on 2 quiet cores)
+Run: python benchmarks/convergence.py [--rounds 20] [--seeds 0 1 2]   (~10 min per seed on 2 cores)
 """
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--configs", nargs="+", default=list(CONFIGS))
     parser.add_argument("--rounds", type=int, default=20)
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    parser.add_argument("--num-train", type=int, default=1500)
+    parser.add_argument("--num-train", type=int, default=2000)
     args = parse_args(parser, argv, __file__, tiny={"configs": ["quickstart"], "rounds": 1, "seeds": [0],
                                                     "num_train": 240})
     study = min(STUDY_ROUNDS, args.rounds)

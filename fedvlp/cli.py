@@ -5,6 +5,7 @@ import argparse
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
 from fedvlp.errors import ConfigError, FedvlpError
 
@@ -402,11 +403,16 @@ def _data(args) -> None:
 
 
 def _pretrain(args) -> None:
-    from fedvlp.backbones import pretrain_clip, pretrain_vilt
+    from fedvlp.backbones import pretrain_clip as clip
+    from fedvlp.backbones import pretrain_vilt as vilt
+    from fedvlp.backbones.shipped import SHIPPED_DIR, regenerate
 
-    regenerate = pretrain_clip.regenerate_tiny_clip if args.backbone == "tiny-clip" else \
-        pretrain_vilt.regenerate_tiny_vilt
-    entry = regenerate(force=args.force, **({"directory": Path(args.out)} if args.out else {}))
+    how: dict[str, tuple[Any, Any, Any]] = {  # backbone: (recipe, pretrain, measure)
+        "tiny-clip": (clip.TinyClipRecipe(), clip.pretrain_tiny_clip, clip.measure_tiny_clip),
+        "tiny-vilt": (vilt.TinyViltRecipe(), vilt.pretrain_tiny_vilt, vilt.measure_tiny_vilt)}
+    recipe, pretrain, measure = how[args.backbone]
+    entry = regenerate(recipe, pretrain, measure, force=args.force,
+                       directory=Path(args.out) if args.out else SHIPPED_DIR)
     figures = ", ".join(f"{k} {v:.4f}" for k, v in entry["figures"].items())
     print(f"{args.backbone}: {entry['bytes'] / 2**20:.1f} MiB float16, sha256 {entry['sha256'][:16]}..., "
           f"code key {entry['code_key']}\nmeasured on the float16 weights: {figures}")

@@ -212,8 +212,8 @@ def test_shipped_weights_are_float16_under_20_mb_with_their_recipe_and_command(n
 def test_a_short_budget_of_the_recipe_learns_repeats_and_ships(tmp_path, monkeypatch):
     """The pretraining recipe itself, at a budget a test can pay: zero-shot rises from chance, the same seed gives
     the same bits, and `ship` writes float16 weights whose checksum a changed byte breaks (one line)."""
-    from fedvlp.backbones.pretrain_clip import pretrain_tiny_clip, regenerate_tiny_clip
-    from fedvlp.backbones.shipped import shipped_weights
+    from fedvlp.backbones.pretrain_clip import measure_tiny_clip, pretrain_tiny_clip
+    from fedvlp.backbones.shipped import regenerate, shipped_weights
 
     recipe = TinyClipRecipe(steps=100, pool_size=1000, eval_size=300, batch_size=64)
     results = []
@@ -224,7 +224,7 @@ def test_a_short_budget_of_the_recipe_learns_repeats_and_ships(tmp_path, monkeyp
     assert all(torch.equal(a[k], b[k]) for k in a)
     print({k: v for k, v in results[0].items() if "map" in k})
     assert results[0]["zero_shot_map"] > results[0]["zero_shot_map_untrained"] + 0.1
-    entry = regenerate_tiny_clip(recipe, directory=tmp_path / "ship", progress=False)  # the cached result, shipped
+    entry = regenerate(recipe, pretrain_tiny_clip, measure_tiny_clip, directory=tmp_path / "ship", progress=False)
     shipped = shipped_weights(TINY_CLIP, tmp_path / "ship")
     assert entry["figures"]["zero_shot_map"] == pytest.approx(results[0]["zero_shot_map"], abs=0.01)
     assert all(torch.equal(a[k].half(), t) for k, t in load_file(str(shipped)).items())

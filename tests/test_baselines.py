@@ -33,8 +33,10 @@ def world(tiny_clip):
 
 
 def build(world, name: str, seed: int = 0, **overrides):
+    """The method with its shipped config's settings (tuned on this world), then `overrides`."""
     cls = METHODS[name]
-    params = dataclasses.replace(cls.Params(), **overrides)
+    config = "quickstart" if name == "promptfl" else f"{name}_scenes"
+    params = dataclasses.replace(load_spec(config).method.params, **overrides)
     return cls(params, world["backbone"], world["task"], torch.Generator().manual_seed(seed))
 
 
@@ -61,7 +63,8 @@ def test_local_training_raises_test_map(world, name, overrides):
 
 
 def test_dualcoop_logit_is_pos_minus_neg_under_the_positive_regions(world):
-    method = build(world, "dualcoop")
+    cls = METHODS["dualcoop"]
+    method = cls(cls.Params(), world["backbone"], world["task"], torch.Generator().manual_seed(0))  # the reference's
     features = world["features"]["tokens"][0][:8]
     with torch.no_grad():
         cos_pos = features[:, 1:] @ method.template.encode(method.ctx_pos).T  # [B, M, C]

@@ -277,7 +277,8 @@ def test_fedmpt_reads_cached_token_features(ray_cluster, tracking_uri, tmp_path,
                      config="fedmpt_scenes")
     run_federated(spec, progress=False)
     cached = list((tmp_path / "features").glob("*.npy"))
-    assert len(cached) == 4 and all(np.load(p, mmap_mode="r").shape[1:] == (17, 128) for p in cached)
+    # train, the held-out pool, val, test and shift
+    assert len(cached) == 5 and all(np.load(p, mmap_mode="r").shape[1:] == (17, 128) for p in cached)
     client, run = _only_run(tracking_uri)
     trainable = client.get_metric_history(run.info.run_id, "trainable_params")[0].value
     assert run.data.metrics["bytes_up"] == 4 * trainable * 4  # every trainable float goes up, per client

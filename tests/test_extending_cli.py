@@ -82,7 +82,7 @@ def test_a_method_switch_names_the_config_settings_it_drops_in_one_line(capsys):
     dropped = [f"method.{key}" for key in yaml.safe_load((CONFIGS_DIR / "fedmpt_scenes.yaml").read_text())["method"]
                if key != "name"]
     spec = load_spec("fedmpt_scenes", ["method.name=promptfl"])
-    assert spec.method.params.lr == 0.002  # promptfl's default, not fedmpt_scenes' tuned 0.07881
+    assert spec.method.params.lr == 0.002  # promptfl's default, not fedmpt_scenes' tuned lr
     assert capsys.readouterr().err.splitlines() == [
         f"fedvlp: warning: --set method.name=promptfl drops fedmpt's settings {', '.join(dropped)} (promptfl's "
         f"defaults apply); --set a setting after method.name to keep it"]

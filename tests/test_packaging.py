@@ -68,10 +68,17 @@ def test_the_check_catches_an_undeclared_import(tmp_path, monkeypatch):
     assert set(_undeclared("pkg", {"pyyaml"})) == {"sklearn (from scikit-learn)"}
 
 
-def test_the_package_data_ships_the_configs_and_spaces():
+def test_the_package_data_ships_the_configs_spaces_and_tiny_backbones():
     data = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]["fedvlp"]
-    assert {"configs/*.yaml", "tune_spaces/*.yaml", "backbones/model_configs/*.json"} <= set(data)
+    shipped = {"configs/*.yaml", "tune_spaces/*.yaml", "backbones/model_configs/*.json", "backbones/weights/*"}
+    assert shipped <= set(data)
     assert list((REPO / "fedvlp" / "configs").glob("*.yaml")) and list((REPO / "fedvlp" / "tune_spaces").glob("*.yaml"))
+    weights = [REPO / "fedvlp" / "backbones" / "weights" / f for f in
+               ("manifest.json", "tiny-clip.safetensors", "tiny-vilt.safetensors")]
+    assert all(w.is_file() for w in weights)
+    # checkpoints are ignored everywhere else; these must reach a clone
+    ignored = subprocess.run(["git", "check-ignore", *map(str, weights)], cwd=REPO, capture_output=True, text=True)
+    assert ignored.stdout == ""
 
 
 def test_start_up_imports_no_model_library():

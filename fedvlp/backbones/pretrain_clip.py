@@ -26,8 +26,8 @@ import torch
 import torch.nn.functional as F
 
 from fedvlp.backbones import TINY_CLIP
-from fedvlp.backbones.pretrain import _Recipe, ensure, save, train
-from fedvlp.backbones.shipped import SHIPPED_DIR, ship, shipped_weights
+from fedvlp.backbones.pretrain import _Recipe, save, train
+from fedvlp.backbones.shipped import shipped_weights
 from fedvlp.data.scenes import generate_scenes
 from fedvlp.platform.metrics import mean_average_precision
 from fedvlp.seeding import torch_generator, torch_seed
@@ -160,12 +160,3 @@ def measure_tiny_clip(path: Path, recipe: TinyClipRecipe = TinyClipRecipe()) -> 
                           val.class_names)
     return {"zero_shot_map": maps["pooled"], "patch_zero_shot_map": maps["patches"]}
 
-
-def regenerate_tiny_clip(recipe: TinyClipRecipe = TinyClipRecipe(), force: bool = False,
-                         directory: Path = SHIPPED_DIR, progress: bool = True) -> dict:
-    """`fedvlp pretrain tiny-clip`: pretrain (or take the float32 result cached for this recipe and code), then
-    write the float16 weights and their manifest entry into `directory` (the package's by default)."""
-    if force:
-        pretrain_tiny_clip(recipe, progress)
-    return ship(recipe, ensure(recipe, pretrain_tiny_clip, progress), lambda p: measure_tiny_clip(p, recipe),
-                directory)

@@ -22,8 +22,7 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file
 
-from fedvlp.backbones.pretrain import _Recipe, ensure, read_metadata, save, train
-from fedvlp.backbones.shipped import SHIPPED_DIR, ship
+from fedvlp.backbones.pretrain import _Recipe, read_metadata, save, train
 from fedvlp.backbones.vilt import TINY_VILT, ViltBackbone, create_vilt, tiny_vocabulary
 from fedvlp.data.missing import fill_missing_images
 from fedvlp.data.recipes import SERVED, generate_recipes
@@ -324,16 +323,6 @@ def measure_tiny_vilt(path: Path, recipe: TinyViltRecipe = TinyViltRecipe()) -> 
     with _one_thread():
         probes = probe_accuracies(backbone, recipe.seed, recipe.probe_train, recipe.probe_val)
     return {f"probe_{k}": v for k, v in probes.items()}
-
-
-def regenerate_tiny_vilt(recipe: TinyViltRecipe = TinyViltRecipe(), force: bool = False,
-                         directory: Path = SHIPPED_DIR, progress: bool = True) -> dict:
-    """`fedvlp pretrain tiny-vilt`: pretrain (or take the float32 result cached for this recipe and code), then
-    write the float16 weights and their manifest entry into `directory` (the package's by default)."""
-    if force:
-        pretrain_tiny_vilt(recipe, progress)
-    return ship(recipe, ensure(recipe, pretrain_tiny_vilt, progress), lambda p: measure_tiny_vilt(p, recipe),
-                directory)
 
 
 def load_tiny_vilt_state(path: Path) -> tuple[dict[str, torch.Tensor], tuple[str, ...]]:

@@ -56,6 +56,17 @@ def shipped_weights(backbone: str, directory: Path = SHIPPED_DIR) -> Path:
     return path
 
 
+def regenerate(recipe, pretrain: Callable[..., dict], measure: Callable[..., dict[str, float]], force: bool = False,
+               directory: Path = SHIPPED_DIR, progress: bool = True) -> dict:
+    """`fedvlp pretrain`: pretrain `recipe` (or take its float32 result cached for this recipe and code), then `ship`
+    it into `directory` (the package's by default) with the figures `measure(path, recipe)` takes."""
+    from fedvlp.backbones.pretrain import ensure
+
+    if force:
+        pretrain(recipe, progress)
+    return ship(recipe, ensure(recipe, pretrain, progress), lambda path: measure(path, recipe), directory)
+
+
 def ship(recipe, checkpoint: Path, measure: Callable[[Path], dict[str, float]],
          directory: Path = SHIPPED_DIR) -> dict:
     """Write the float32 `checkpoint` as float16 into `directory` and record its manifest entry, with the figures

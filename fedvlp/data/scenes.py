@@ -424,7 +424,8 @@ def _captions(p: dict[str, np.ndarray]) -> list[tuple[str, tuple[str, str, str, 
     out = []
     named = (p["quadrant_class"] >= 0) & ~p["omit"]
     for i in range(len(named)):
-        regions = tuple(_object_phrase(p, i, q) if named[i, q] else "" for q in range(4))
+        phrase = [_object_phrase(p, i, q) if named[i, q] else "" for q in range(4)]
+        regions = (phrase[0], phrase[1], phrase[2], phrase[3])
         objs = [regions[q] for q in p["mention_order"][i] if regions[q]]
         listed = objs[0] if len(objs) == 1 else ", ".join(objs[:-1]) + " and " + objs[-1]
         which = p["caption_condition"][i]

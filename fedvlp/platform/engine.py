@@ -501,8 +501,9 @@ def _feature_sets(data: FederatedData, feature_kind: str) -> list[tuple[str, Spl
     and a dataset's shifted split where it has one ("shift")."""
     dataset = data.dataset
     if feature_kind != "embeddings":
-        return [("train", dataset.train, None), ("holdout", data.holdout, None), ("val", data.val, None),
-                ("test", dataset.test, None)] + ([("shift", dataset.shift, None)] if dataset.shift is not None else [])
+        named = [("train", dataset.train), ("holdout", data.holdout), ("val", data.val), ("test", dataset.test),
+                 ("shift", dataset.shift)]
+        return [(name, split, None) for name, split in named if split is not None]
     assert data.eval_missing is not None  # image+text data always has its evaluation tables
     return [("train", dataset.train, data.train_missing), ("holdout", data.holdout, data.holdout_missing),
             ("val", data.val, data.val_missing)] + [
