@@ -225,12 +225,12 @@ def test_a_round_that_hangs_times_out_loudly(ray_cluster, tracking_uri, tmp_path
 def test_second_run_hits_the_feature_cache_with_identical_results(ray_cluster, tracking_uri, tmp_path, monkeypatch):
     monkeypatch.setenv("FEDVLP_FEATURE_CACHE", str(tmp_path / "features"))
     spec = small_run(tracking_uri, tmp_path, "federation.rounds=1")
-    sets = ("train", "holdout", "val", "test")
+    sets = ("train", "holdout", "val", "test", "shift")
     cold = run_federated(spec, progress=False)
     warm = run_federated(spec, progress=False)
     assert cold.feature_cache == {f"feature_cache.{s}": "miss" for s in sets}
     assert warm.feature_cache == {f"feature_cache.{s}": "hit" for s in sets}
-    assert len(list((tmp_path / "features").glob("*.npy"))) == 4
+    assert len(list((tmp_path / "features").glob("*.npy"))) == len(sets)
     assert warm.final == cold.final
     off = run_federated(small_run(tracking_uri, tmp_path, "federation.rounds=1", "data.feature_cache=false"),
                         progress=False)

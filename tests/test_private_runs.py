@@ -152,8 +152,9 @@ def test_a_target_epsilon_is_met_at_the_last_round(ray_cluster, tracking_uri, tm
 @pytest.mark.slow
 def test_secure_aggregation_gives_fedavg_also_when_a_client_fails_mid_round(ray_cluster, tracking_uri, tmp_path):
     # The dropout comes in the last round: compared after it, secure and plain differ by the fixed point's rounding
-    # alone (one more round of training amplifies those 1e-7 to 4e-5 on the tiny CLIP).
-    base = (*FAST, "federation.participation=1.0", "federation.rounds=2")
+    # of both rounds, round 1's carried through round 2's training. A small lr keeps that carry near 1: measured
+    # 3.7e-7 (12 fixed-point steps) at lr 0.005, against 1.6e-6 at the quickstart's tuned Adam lr of 0.1.
+    base = (*FAST, "federation.participation=1.0", "federation.rounds=2", "method.lr=0.005")
     plain = run_federated(small_run(tracking_uri, tmp_path, *base), progress=False)
     # client 1 raises in round 2 after the cohort's masks were drawn: the survivors' sum is recovered
     plain_fault = run_federated(small_run(tracking_uri, tmp_path, *base), progress=False,
@@ -161,7 +162,7 @@ def test_secure_aggregation_gives_fedavg_also_when_a_client_fails_mid_round(ray_
     secure_fault = run_federated(small_run(tracking_uri, tmp_path, *base, "privacy.secure_aggregation=true"),
                                  progress=False, on_round=fault_in_round(2, 0, 1, "raise"))
     assert [h["clients"] for h in secure_fault.history] == [4, 3]
-    assert _close(secure_fault.final_state, plain_fault.final_state, atol=10 * TOLERANCE, rtol=FLOAT32_ROUNDING)
+    assert _close(secure_fault.final_state, plain_fault.final_state, atol=20 * TOLERANCE, rtol=FLOAT32_ROUNDING)
     assert not _close(secure_fault.final_state, plain.final_state, 1e-4)  # the failure did change the round
 
 
