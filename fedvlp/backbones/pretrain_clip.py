@@ -27,7 +27,6 @@ import torch.nn.functional as F
 
 from fedvlp.backbones import TINY_CLIP
 from fedvlp.backbones.pretrain import _Recipe, save, train
-from fedvlp.backbones.shipped import shipped_weights
 from fedvlp.data.scenes import generate_scenes
 from fedvlp.platform.metrics import mean_average_precision
 from fedvlp.seeding import torch_generator, torch_seed
@@ -144,11 +143,6 @@ def pretrain_tiny_clip(recipe: TinyClipRecipe = TinyClipRecipe(), progress: bool
                "patch_zero_shot_map_untrained": untrained["patches"], "patch_zero_shot_map": trained["patches"]}
     path = save(model, recipe, metrics)
     return {"path": str(path), **metrics, "seconds": time.perf_counter() - start}
-
-
-def tiny_clip_weights() -> Path:
-    """The tiny CLIP's weights shipped in the package (checked against their checksum)."""
-    return shipped_weights(TINY_CLIP)
 
 
 def measure_tiny_clip(path: Path, recipe: TinyClipRecipe = TinyClipRecipe()) -> dict[str, float]:
