@@ -154,7 +154,7 @@ def _closeups(s: RecipeSet) -> np.ndarray:
     from fedvlp.seeding import numpy_rng
 
     rng = numpy_rng(0, "data", recipes.STREAM_OFFSET + SPLITS.index("train"))
-    params = recipes._draw_block(rng, 32)
+    params = recipes._draw_block(rng, 32, source=False)
     return params["closeup"]
 
 
@@ -203,8 +203,8 @@ def _fit_logistic(x_train, y_train, x_test, y_test, classes, steps) -> float:
 
 
 def test_each_modality_informs_and_both_together_do_better(train, val):
-    """Train -> val, seed 0. Measured: image 0.608, text 0.614, both 0.885; container from pixels
-    0.969, cuisine from pixels 0.611; container from words 0.678, cuisine from words 0.928."""
+    """Train -> val, seed 0. Measured: image 0.532, text 0.614, both 0.895; container from pixels
+    0.970, cuisine from pixels 0.534; container from words 0.678, cuisine from words 0.928."""
     img_tr, img_va = _image_features(train), _image_features(val)
     txt_tr, txt_va = _text_features(train), _text_features(val)
 
@@ -219,16 +219,35 @@ def test_each_modality_informs_and_both_together_do_better(train, val):
                "cuisine_text": probe(txt_tr, txt_va, "cuisine", 4)}
     print("recipes logistic accuracy on val:", acc, factors)
     # each modality alone gets most classes right; together they get far more
-    assert acc["image"] >= 0.55 and acc["text"] >= 0.55 and acc["both"] >= 0.85
+    assert acc["image"] >= 0.5 and acc["text"] >= 0.55 and acc["both"] >= 0.85
     assert acc["both"] >= max(acc["image"], acc["text"]) + 0.2
     # the complementary part: each modality is strong on its own factor and weak on the other's
     assert factors["container_image"] > 0.93 and factors["cuisine_text"] > 0.9
-    assert 0.55 < factors["cuisine_image"] < factors["container_image"] - 0.25
+    assert 0.5 < factors["cuisine_image"] < factors["container_image"] - 0.25
     assert 0.62 < factors["container_text"] < factors["cuisine_text"] - 0.2
     # a class probe from one modality is about its two factors' product (they are independent)
     for modality, (container, cuisine) in (("image", ("container_image", "cuisine_image")),
                                            ("text", ("container_text", "cuisine_text"))):
         assert abs(acc[modality] - factors[container] * factors[cuisine]) < 0.06, modality
+
+
+def test_the_target_shifts_the_food_palette_so_the_source_misreads_it(train, val):
+    """Measured (seed 0, cuisine from pixels, 4 classes): source-trained on 2,000 pretrain images 0.647 on more
+    source images but 0.270 on target val, against 0.534 target-trained; text is not shifted."""
+    source, more_source = generate_recipes(N_TRAIN, "pretrain", 0), generate_recipes(N_VAL, "pretrain", 1)
+    assert recipes.SOURCE_SPLITS == ("pretrain",)
+    assert sorted(recipes.SHIFTED_FOOD) == list(range(8))
+    cuisine_of = {food: c for c, foods in enumerate(recipes.CUISINE_FOOD) for food in foods}
+    assert all(cuisine_of[food] != cuisine_of[to] for food, to in enumerate(recipes.SHIFTED_FOOD))
+
+    def cuisine(x, y):
+        return _logistic_accuracy(_image_features(x), x.cuisine, _image_features(y), y.cuisine, 4)
+
+    in_source, across, in_target = cuisine(source, more_source), cuisine(source, val), cuisine(train, val)
+    print("cuisine from pixels:", in_source, across, in_target)
+    assert in_source > 0.6 and in_target > 0.5 and across < 0.35
+    # the same words in both domains
+    assert {w for t in source.texts for w in t.split()} <= set(VOCABULARY)
 
 
 @pytest.mark.parametrize("kwargs, word", [
