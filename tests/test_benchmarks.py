@@ -176,6 +176,10 @@ def test_recipes_world_at_tiny_size(results, ray_cluster):
     assert cost["per_seed"] == pytest.approx(np.subtract(r["val_accuracy"]["Centralized-P"],
                                                          r["val_accuracy"]["FedAvg-P"]).tolist())
     assert set(r["diagnostics"]) == {"Centralized-P - no prompts", "Centralized-P - FedAvg-P"}
+    # each arm's val curve: round 0, then the evaluated rounds, ending at the final score
+    for name, curves in r["val_curves"].items():
+        assert [list(c)[:1] for c in curves] == [["0"], ["0"]]
+        assert [c[max(c, key=int)] for c in curves] == r["val_accuracy"][name]
 
 
 # ---------------------------------------------------------------- the bare loop against fedvlp
