@@ -81,12 +81,17 @@ class ClientWorker:
                 "gpu_ids": [str(g) for g in ray.get_gpu_ids()], "device": str(self.device),
                 "transform": self.backbone.transform_id, "feature_kind": self.method.feature_kind}
 
-    def initial_method(self) -> dict:
-        """What the driver and the coordinator need of the method, from this worker's copy before any training:
-        its initial global state, its server rules and their options, its number of trainable parameters."""
+    @ray.method(num_returns=2)
+    def initial_method(self) -> tuple[dict, dict]:
+        """What the coordinator and the driver need of the method, from this worker's copy before any training:
+        (its initial global state, for the coordinator; its server rules and their options, its number of
+        trainable parameters and its state's size, plain values the driver reads without torch)."""
+        from fedvlp.platform.aggregation import state_nbytes
+
         rules, options = server_rules(self.method, self.spec)
-        return {"state": _to(self.method.global_state(), "cpu"), "rules": rules, "rule_options": options,
-                "trainable_params": sum(p.numel() for p in self.method.parameters() if p.requires_grad)}
+        state = _to(self.method.global_state(), "cpu")
+        return state, {"rules": rules, "rule_options": options, "state_nbytes": state_nbytes(state),
+                       "trainable_params": sum(p.numel() for p in self.method.parameters() if p.requires_grad)}
 
     def encode(self, source: tuple, ranges: list[tuple[int, int]]) -> list[tuple[int, np.ndarray]]:
         """Frozen features (float16) of the sample ranges this worker was given.
