@@ -30,8 +30,8 @@ from fedvlp.backbones import FEATURE_CHUNK, backbone_id, prepare_backbone
 from fedvlp.data import FederatedData, Split, prepare_data
 from fedvlp.data.feature_cache import FeatureCache, array_digest, feature_key
 from fedvlp.errors import ConfigError, ResourceError, RoundFailedError
-from fedvlp.methods import METHODS
-from fedvlp.methods.base import Task
+from fedvlp.methods.declarations import Task
+from fedvlp.methods.registry import declaration
 from fedvlp.platform.checkpoint import decode, write_checkpoint
 from fedvlp.platform.clock import VirtualClock
 from fedvlp.platform.coordinator import Coordinator
@@ -86,7 +86,7 @@ def run_federated(spec, *, progress: bool = True, on_round=None, tags: dict | No
         check_fits(spec, {"CPU": os.cpu_count() or 1, "GPU": local_gpus()}, "this machine")
     tic = time.perf_counter()
     data = prepare_data(spec)
-    if METHODS[spec.method.name].feature_kind == "embeddings" and data.train_missing is None:
+    if declaration(spec.method.name).feature_kind == "embeddings" and data.train_missing is None:
         raise ConfigError(f"data.name: {spec.method.name} needs image+text data (synthetic-recipes, food101, mmimdb); "
                           f"{data.dataset.name} has no text")
     task = Task(data.dataset.class_names, multilabel=data.dataset.multilabel)
