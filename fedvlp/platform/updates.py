@@ -2,12 +2,11 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    import torch
+import torch
 
-    State = dict[str, torch.Tensor]
+State = dict[str, torch.Tensor]
 
 
 @dataclass(frozen=True)
