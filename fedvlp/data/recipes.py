@@ -45,7 +45,7 @@ moved ``PALETTE_SHIFT`` of the way towards a colour of another cuisine (``SHIFTE
 target's palettes stay disjoint, so the image still hints at the cuisine, but a frozen backbone reads
 the shifted colours as the source's other cuisine. Only the image side is shifted: what a model needs
 to re-learn is how to read the image when the text is missing, which prompts that know the missing
-modality can do.
+modality are meant to do (measured with the tiny ViLT, they do not: docs/results/missing-modalities.md).
 
 Everything is drawn from ``numpy_rng(seed, "data", 10 + SPLITS.index(split))`` (streams 10-14,
 apart from synthetic-scenes' 0-4) in fixed blocks of ``BLOCK`` samples, so a set is a prefix of
