@@ -214,7 +214,7 @@ FEDVLP_PHASES = {
     (engine, "_reserve"): "placement group",
     (engine, "_attach_data"): "features + attach client data",
     (engine, "_evaluate"): "evaluation",
-    (engine, "save_checkpoint"): "checkpoint",
+    (engine, "write_checkpoint"): "checkpoint",
     (tracking.RunTracker, "__init__"): "mlflow: open run",
     (tracking.RunTracker, "log_metrics"): "mlflow: log",
     (tracking.RunTracker, "set_tags"): "mlflow: log",

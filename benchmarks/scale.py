@@ -25,9 +25,10 @@ checkpoint holds the in-memory states and the index of the spilled ones. fedotp 
 a local prompt per client) runs at the largest N: round time, coordinator RSS, what one state weighs.
 Then a ClientStateStore is given a state of that shape for every one of the N clients, as the
 coordinator's is once all have taken part, with the default budget and with budget 0 (all spilled):
-memory held, files, and per round the cohort's reads and the checkpoint, written as the engine writes it
-(`save_checkpoint`, into the runs' output_dir): its bytes, the seconds until the write returns (the page cache:
-fedvlp does not fsync) and until it is on the disk (file and folder fsynced), and the filesystem it went to.
+memory held, files, and per round the cohort's reads and the checkpoint, written as a run writes it (the
+coordinator's `encode`, the driver's `write_checkpoint`, into the runs' output_dir): its bytes, the seconds until
+the write returns (the page cache: fedvlp does not fsync) and until it is on the disk (file and folder fsynced),
+and the filesystem it went to.
 
 Run: python benchmarks/scale.py [--clients 100 1000 10000] [--rounds 10] [--samples-per-client 2] [--no-local-state]
 Writes benchmarks/results/scale.json.
@@ -144,8 +145,8 @@ def client_state_footprint(spec, clients: int) -> dict:
 def filled_store(state: dict, clients: int, budget_bytes: int, checkpoint: dict, out_dir: Path) -> dict:
     """A ClientStateStore given `state` for every client, as the coordinator's is once all have taken part:
     what it holds, and what a round then costs it (its checkpoint, written into `out_dir`; the cohort's reads)."""
+    from fedvlp.platform.checkpoint import encode, write_checkpoint
     from fedvlp.platform.client_states import ClientStateStore
-    from fedvlp.platform.engine import save_checkpoint
 
     out_dir.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=out_dir) as spill_dir:
@@ -155,7 +156,7 @@ def filled_store(state: dict, clients: int, budget_bytes: int, checkpoint: dict,
             store.put(cid, {k: t.clone() for k, t in state.items()}, round_index=1)
         put_s = time.perf_counter() - tic
         written = common.timed_write_to_disk(  # what the engine writes each round
-            lambda path: save_checkpoint(path, {**checkpoint, "clients": store.snapshot()}),
+            lambda path: write_checkpoint(path, encode({**checkpoint, "clients": store.snapshot()})),
             Path(spill_dir) / "round" / "checkpoint.pt")
         tic = time.perf_counter()
         for cid in range(COHORT):

@@ -249,9 +249,9 @@ def _run(args) -> None:
 
         check_tracking_store(default_tracking_uri(), _tracking_source(None))
         spec, checkpoint_path = resumable_run(args.resume)
-        from fedvlp.platform.engine import load_checkpoint  # imports Ray: only once the run is known
+        from fedvlp.platform.checkpoint import read_checkpoint
 
-        resume = load_checkpoint(checkpoint_path)
+        resume = read_checkpoint(checkpoint_path)
     else:
         spec = load_spec(args.config or DEFAULT_CONFIG, args.overrides)
     if args.print_config:

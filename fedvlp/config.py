@@ -381,14 +381,14 @@ def build_spec(raw: dict) -> RunSpec:
     plugins = list(dict.fromkeys([*env_plugins(), *plugins]))  # $FEDVLP_PLUGINS first, as they load first
     load_plugins(plugins)
     raw["plugins"] = plugins
-    from fedvlp.methods import METHODS  # late import: methods import torch
+    from fedvlp.methods.registry import METHODS, declaration  # a built-in's module (torch) is not imported
 
     method_raw = raw.pop("method", None)
     if not isinstance(method_raw, dict) or "name" not in method_raw:
         raise ConfigError(f"method.name: expected one of {', '.join(METHODS.names())}")
     method_raw = dict(method_raw)
     name = method_raw.pop("name")
-    cls = METHODS.get(name)
+    cls = declaration(name)
     method = MethodSpec(name, build_dataclass(cls.Params, method_raw, "method."))
     spec = build_dataclass(RunSpec, raw, "", given={"method": method})
     spec = dataclasses.replace(spec, data=_checked_data(spec.data),

@@ -20,15 +20,23 @@ NAME_FORM = re.compile(r"^[a-z][a-z0-9_-]*$")
 class Registry(Generic[T]):
     """name -> entry for one kind of extension (`kind`), looked up from the config key `key`."""
 
-    def __init__(self, kind: str, key: str, check: Callable[[str, T], None] | None = None):
+    def __init__(self, kind: str, key: str, check: Callable[[str, T], None] | None = None,
+                 load: Callable[[], None] | None = None):
         self.kind, self.key, self.check = kind, key, check
         self._entries: dict[str, T] = {}
+        self._load = load  # registers the built-ins, on first use: importing them may be costly (torch)
+
+    def _loaded(self) -> dict[str, T]:
+        if self._load is not None:
+            load, self._load = self._load, None
+            load()
+        return self._entries
 
     def add(self, name: str, entry: T) -> T:
         if not isinstance(name, str) or not NAME_FORM.match(name):
             raise ValueError(f"{self.kind} name {name!r}: expected lowercase letters, digits, '_' or '-', "
                              f"starting with a letter")
-        if name in self._entries:
+        if name in self._loaded():
             raise ValueError(f"{self.kind} {name!r} is registered twice; pick another name")
         if self.check is not None:
             self.check(name, entry)
@@ -36,7 +44,7 @@ class Registry(Generic[T]):
         return entry
 
     def get(self, name: str) -> T:
-        if name not in self._entries:
+        if name not in self._loaded():
             raise ConfigError(f"{self.key}: unknown {self.kind} {name!r} (expected one of: {', '.join(self.names())}; "
                               f"plugins register more, see docs/extending.md)")
         return self._entries[name]
@@ -45,20 +53,20 @@ class Registry(Generic[T]):
         return self.get(name)
 
     def __contains__(self, name: object) -> bool:
-        return name in self._entries
+        return name in self._loaded()
 
     def __iter__(self) -> Iterator[str]:
-        return iter(sorted(self._entries))
+        return iter(sorted(self._loaded()))
 
     def __len__(self) -> int:
-        return len(self._entries)
+        return len(self._loaded())
 
     def names(self) -> list[str]:
-        return sorted(self._entries)
+        return sorted(self._loaded())
 
     def items(self):
-        return sorted(self._entries.items())
+        return sorted(self._loaded().items())
 
     def remove(self, name: str) -> None:
         """Forget `name` (tests that register throwaway entries clean up with this)."""
-        self._entries.pop(name, None)
+        self._loaded().pop(name, None)

@@ -6,8 +6,13 @@ numbers do not depend on which process or worker draws them.
 """
 from __future__ import annotations
 
+import functools
+from typing import TYPE_CHECKING
+
 import numpy as np
-import torch
+
+if TYPE_CHECKING:
+    import torch
 
 STREAMS = {
     "data": 1,        # synthetic dataset generation
@@ -40,16 +45,25 @@ def torch_seed(seed: int, stream: str, *keys: int) -> int:
 
 
 def torch_generator(seed: int, stream: str, *keys: int) -> torch.Generator:
+    import torch  # here, not at the top: a run's driver uses the numpy streams only and never imports torch
+
     return torch.Generator().manual_seed(torch_seed(seed, stream, *keys))
 
 
-_NEW_PROCESS_SEED = torch.initial_seed()  # what torch seeds a new process with (nothing reseeds it before this import)
+@functools.cache
+def new_process_seed() -> int:
+    """What torch seeded this process with: the actors ask first thing in `__init__`, before anything reseeds it."""
+    import torch
+
+    return torch.initial_seed()
 
 
 def reset_reused_actor(actor, *init_args) -> None:
     """Start a Ray actor afresh in its running process: its attributes cleared, torch's global generators as a
     new process has them, then its `__init__` again. A run on a reused actor (a Tune trial after another in the
     same placement group) so computes exactly what it would on a new one; only the process start is saved."""
+    import torch
+
     actor.__dict__.clear()
-    torch.manual_seed(_NEW_PROCESS_SEED)
+    torch.manual_seed(new_process_seed())
     type(actor).__init__(actor, *init_args)

@@ -39,7 +39,9 @@ def plugins_forgotten():
     from fedvlp.methods import METHODS
     from fedvlp.platform.aggregation import RULES
 
-    registries = (PARTITIONERS, datasets(), METHODS, RULES)  # the built-ins all registered before the snapshot
+    registries = (PARTITIONERS, datasets(), METHODS, RULES)
+    for registry in registries:
+        registry.names()  # the built-ins all registered (METHODS imports its own on first use) before the snapshot
     entries, modules = [dict(r._entries) for r in registries], set(sys.modules)
     yield
     for registry, before in zip(registries, entries):

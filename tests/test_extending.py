@@ -11,7 +11,8 @@ import yaml
 from conftest import REPO, fedvlp_cli, small_run
 from mlflow import MlflowClient
 
-from fedvlp.platform.engine import load_checkpoint, run_federated
+from fedvlp.platform.checkpoint import load_checkpoint, read_checkpoint
+from fedvlp.platform.engine import run_federated
 
 EXAMPLES = REPO / "examples"
 CLASSES = ("red", "green", "blue", "yellow")
@@ -110,10 +111,10 @@ def test_a_server_optimiser_resumes_bitwise(ray_cluster, tracking_uri, tmp_path)
                  "resources.workers=1")
     whole = run_federated(small_run(tracking_uri, tmp_path, *overrides, "federation.rounds=3"), progress=False)
     first = run_federated(small_run(tracking_uri, tmp_path, *overrides, "federation.rounds=2"), progress=False)
-    checkpoint = load_checkpoint(tmp_path / "runs" / first.run_id / "checkpoint.pt")
-    assert set(checkpoint["rule_states"]["fedadam"]) == {"m", "v"}
+    path = tmp_path / "runs" / first.run_id / "checkpoint.pt"
+    assert set(load_checkpoint(path)["rule_states"]["fedadam"]) == {"m", "v"}
     resumed = run_federated(small_run(tracking_uri, tmp_path, *overrides, "federation.rounds=3"), progress=False,
-                            resume=checkpoint)
+                            resume=read_checkpoint(path))
     assert all(torch.equal(whole.final_state[k], resumed.final_state[k]) for k in whole.final_state)
     assert resumed.final == whole.final
     ends = [load_checkpoint(tmp_path / "runs" / r.run_id / "checkpoint.pt")["rule_states"]["fedadam"]

@@ -206,7 +206,8 @@ def test_local_training_is_reproducible_and_leaves_the_backbone_alone(clip_world
 @pytest.mark.parametrize("ffa", [False, True], ids=["lora", "ffa"])
 def test_training_loss_falls_round_after_round_and_a_run_resumes_bitwise(ray_cluster, tracking_uri, tmp_path, ffa):
     """With FFA, A is in no checkpoint: the resumed run's workers draw it again from the seed."""
-    from fedvlp.platform.engine import load_checkpoint, run_federated
+    from fedvlp.platform.checkpoint import read_checkpoint
+    from fedvlp.platform.engine import run_federated
 
     spec = small_run(tracking_uri, tmp_path, *PLUGIN, "data.num_train=400", "federation.rounds=3",
                      "resources.workers=1", "method.local_epochs=3", f"method.ffa={str(ffa).lower()}",
@@ -227,7 +228,7 @@ def test_training_loss_falls_round_after_round_and_a_run_resumes_bitwise(ray_clu
     assert losses[2] < losses[1] < losses[0]
     first = whole.history[0]
     assert first["clients"] >= 2 and first["bytes_up"] == first["clients"] * state_nbytes(whole.final_state)
-    resumed = run_federated(spec, progress=False, resume=load_checkpoint(saved))
+    resumed = run_federated(spec, progress=False, resume=read_checkpoint(saved))
     assert [h["round"] for h in resumed.history] == [3]
     assert set(resumed.final_state) == set(whole.final_state)
     assert all(torch.equal(resumed.final_state[k], v) for k, v in whole.final_state.items())

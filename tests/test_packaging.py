@@ -83,8 +83,10 @@ def test_the_package_data_ships_the_configs_spaces_and_tiny_backbones():
 
 def test_start_up_imports_no_model_library():
     """Driver, coordinator and worker modules import no model library: open_clip (with torchvision), transformers
-    and peft cost a process 0.7-1.5 CPU s each at start-up, so each is imported where it is used."""
+    and peft cost a process 0.7-1.5 CPU s each at start-up, so each is imported where it is used; nor torch, which
+    the driver never needs (`tests/test_driver.py` runs one)."""
     code = ("import sys, fedvlp.cli, fedvlp.platform.engine, fedvlp.platform.worker, fedvlp.platform.coordinator; "
-            "print(sorted(m for m in ('peft', 'open_clip', 'transformers', 'torchvision') if m in sys.modules))")
+            "print(sorted(m for m in ('peft', 'open_clip', 'transformers', 'torchvision', 'torch') "
+            "if m in sys.modules))")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert result.stdout.strip() == "[]"

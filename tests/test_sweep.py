@@ -93,13 +93,13 @@ def _nested_runs(uri: str, experiment: str):
 def test_a_reset_actor_starts_as_a_new_process_would():
     import torch
 
-    from fedvlp.seeding import _NEW_PROCESS_SEED, reset_reused_actor
+    from fedvlp.seeding import new_process_seed, reset_reused_actor
 
     class Actor:
         def __init__(self, key: int):
             self.key, self.draw = key, torch.rand(3)  # a draw from torch's global generator
 
-    torch.manual_seed(_NEW_PROCESS_SEED)
+    torch.manual_seed(new_process_seed())
     new = Actor(1)
     reused = Actor(0)
     reused.left_over = "the last run's"

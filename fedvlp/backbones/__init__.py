@@ -1,7 +1,8 @@
 """Frozen backbones: one loader per family, the same path for fedvlp's tiny models and real ones.
 
 Each family's module is imported only where that family is used: open_clip costs a process about 1.5 CPU
-seconds to import and transformers' ViLT about 0.7, and every run starts several processes.
+seconds to import and transformers' ViLT about 0.7, and every run starts several processes. torch too is
+imported by the loaders only: the driver names and fetches weights (`backbone_id`, `prepare_backbone`) without it.
 """
 from __future__ import annotations
 
@@ -9,15 +10,16 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import torch
-
 from fedvlp.seeding import torch_seed
 
 if TYPE_CHECKING:
+    import torch
+
     from fedvlp.backbones.clip import ClipBackbone
     from fedvlp.backbones.vilt import ViltBackbone
 
 TINY_CLIP = "tiny-clip"  # fedvlp's own small CLIP, shipped in the package; `fedvlp pretrain tiny-clip` regenerates it
+FEATURE_CHUNK = 256  # images per forward pass; fixed so features are placement-independent
 
 
 def backbone_family(name: str) -> str:
@@ -106,6 +108,8 @@ def backbone_id(spec) -> str:
 
 def load_clip(spec, device: str | torch.device = "cpu") -> ClipBackbone:
     """The frozen CLIP a run spec names: `backbone.name` + `backbone.pretrained`."""
+    import torch
+
     from fedvlp.backbones.clip import ClipBackbone, create_clip
 
     name, pretrained = spec.backbone.name, spec.backbone.pretrained
@@ -133,6 +137,8 @@ def load_vilt(spec, device: str | torch.device = "cpu") -> ViltBackbone:
       model's size (384). Offline without the weights: a one-line `BackboneError` that says how
       to provide them.
     """
+    import torch
+
     from fedvlp.backbones.vilt import TINY_VILT, create_vilt
 
     name, pretrained = spec.backbone.name, spec.backbone.pretrained

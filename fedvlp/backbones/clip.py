@@ -16,10 +16,9 @@ import open_clip
 import torch
 import torch.nn.functional as F
 
-from fedvlp.backbones import TINY_CLIP, hf_cache_dir
+from fedvlp.backbones import FEATURE_CHUNK, TINY_CLIP, hf_cache_dir
 from fedvlp.errors import BackboneError
 
-FEATURE_CHUNK = 256  # images per forward pass; fixed so features are placement-independent
 FEATURE_KINDS = ("global", "tokens")
 
 open_clip.add_model_config(Path(__file__).parent / "model_configs" / f"{TINY_CLIP}.json")

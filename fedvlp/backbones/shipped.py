@@ -14,9 +14,6 @@ from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 
-from safetensors import safe_open
-from safetensors.torch import save_file
-
 from fedvlp.errors import BackboneError
 
 SHIPPED_DIR = Path(__file__).resolve().parent / "weights"
@@ -71,6 +68,9 @@ def ship(recipe, checkpoint: Path, measure: Callable[[Path], dict[str, float]],
          directory: Path = SHIPPED_DIR) -> dict:
     """Write the float32 `checkpoint` as float16 into `directory` and record its manifest entry, with the figures
     `measure` takes from the float16 file itself (what every run will load)."""
+    from safetensors import safe_open
+    from safetensors.torch import save_file  # imports torch: not at the top, where the driver checks the weights
+
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / f"{recipe.backbone}.safetensors"
     tmp = path.with_suffix(f".tmp{os.getpid()}")

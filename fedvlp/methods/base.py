@@ -6,7 +6,8 @@ reads (`feature_kind`), what hyper-parameters it takes (`Params`, a frozen datac
 with the ranges `fedvlp tune` searches), how its trainable modules are built (`__init__(params,
 backbone, task, generator)`), which parameters are global and how the server combines each group
 (`server_rules`), the local update (`local_update`) and how it scores a batch (`forward`). The engine
-knows nothing else about it. Registration checks all of this (`fedvlp.methods.registry`).
+knows nothing else about it. Registration checks all of this (`fedvlp.methods.registry`). The built-ins declare
+their name, Params, kinds and server rules in `fedvlp.methods.declarations`, which a run's driver reads without torch.
 """
 from __future__ import annotations
 
@@ -16,16 +17,11 @@ from typing import Any, ClassVar, Literal
 import torch
 import torch.nn.functional as F
 
+from fedvlp.methods.declarations import MethodDeclaration, Task  # noqa: F401  (Task: what the run asks for)
 from fedvlp.methods.numerics import asymmetric_loss
 from fedvlp.platform.aggregation import LOCAL  # noqa: F401  (the rule of parameters that stay on their client)
 
 State = dict[str, torch.Tensor]
-
-
-@dataclass(frozen=True)
-class Task:
-    class_names: tuple[str, ...]
-    multilabel: bool = True
 
 
 @dataclass
@@ -55,16 +51,8 @@ class ClientData:
         return len(self.labels)
 
 
-class Method(torch.nn.Module):
-    name: ClassVar[str]
-    Params: ClassVar[type]
-    backbone_kind: ClassVar[str] = "clip"
-    # frozen inputs the method reads: CLIP image features "global" [B, D] or "tokens" [B, 1 + M, D]
-    # (pooled, then patches); ViLT "embeddings" (TokenInputs: the embedding layers' outputs)
-    feature_kind: ClassVar[str] = "global"
-    # parameter-name prefix -> server rule (a name in fedvlp.platform.aggregation.RULES, or LOCAL);
-    # the longest prefix wins; `server.rules` in the config overrides entries per prefix
-    server_rules: dict[str, str] = {"": "fedavg"}
+class Method(MethodDeclaration, torch.nn.Module):
+    # name, Params, backbone_kind, feature_kind and server_rules: see MethodDeclaration
     # What the global model (val_*, test_*) is for a method with LOCAL parameters; the clients' own models
     # (personal_*) are always the global state with each client's local state:
     #   "global": the global parameters alone: `forward` leaves the local ones out while `global_only` is set

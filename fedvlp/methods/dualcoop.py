@@ -23,50 +23,18 @@ between rounds.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Literal
-
 import torch
 
+from fedvlp.methods import declarations
 from fedvlp.methods.base import ClientData, Method
+from fedvlp.methods.declarations import DualCoOpParams
 from fedvlp.methods.numerics import region_aggregate
 from fedvlp.methods.prompts import PromptTemplate
 from fedvlp.methods.registry import register
-from fedvlp.spec import CLIP_EPOCHS_RANGE, CLIP_LR_RANGE, log_range, spec_field
-
-
-@dataclass(frozen=True)
-class DualCoOpParams:
-    n_ctx: int = spec_field(16, "context tokens of each prompt (reference 16)", ge=1)
-    ctx_init: str = spec_field(
-        "a photo of a", "words the positive context starts from when they are n_ctx tokens; "
-        "otherwise (and always for the negative context) N(0, 0.02)")
-    csc: bool = spec_field(False, "class-specific contexts (one positive and one negative context per class)")
-    region_scale: float = spec_field(
-        20.0, "S = region_scale * cos(patch, text); the softmax over patches is of S (reference 20)", gt=0,
-        tune=log_range(2.0, 20.0))
-    output_scale: float | None = spec_field(
-        None, "each side's logit = output_scale * sum_m w_m S_m; null: the backbone's logit scale / region_scale "
-        "(reference 5 = 100 / 20 for OpenAI CLIP)", gt=0)
-    lr: float = spec_field(0.2, "SGD learning rate, momentum 0.9 (reference 0.002 over 50 epochs, on a loss summed "
-                                "over classes; here the loss is a mean over known labels)", gt=0,
-                           tune=CLIP_LR_RANGE)
-    batch_size: int = spec_field(32, "local batch size", ge=1)
-    local_epochs: int = spec_field(5, "local epochs per round", ge=1, tune=CLIP_EPOCHS_RANGE)
-    gamma_neg: float = spec_field(2.0, "asymmetric loss: focusing of the negatives", ge=0)
-    gamma_pos: float = spec_field(1.0, "asymmetric loss: focusing of the positives", ge=0)
-    asl_clip: float = spec_field(0.05, "asymmetric loss: probability margin of the negatives", ge=0, lt=1)
-    aggregation: Literal["fedavg", "mean"] = spec_field(
-        "fedavg", "server rule for both contexts: fedavg (weighted by data size) or mean (FedMPT's unweighted server)")
 
 
 @register
-class DualCoOp(Method):
-    name = "dualcoop"
-    Params = DualCoOpParams
-    feature_kind = "tokens"
-    server_rules = {"": "fedavg"}
-
+class DualCoOp(declarations.DualCoOp, Method):
     def __init__(self, params: DualCoOpParams, backbone, task, generator=None):
         super().__init__(params, backbone, task)
         self.server_rules = {"": params.aggregation}

@@ -20,16 +20,15 @@ layers: 6 of 12 on ViLT-B, 2 of the tiny ViLT's 4 (`prompt_layers: null`).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 import torch.nn.functional as F
 
 from fedvlp.data.missing import FULL, MISSING_IMAGE, MISSING_TEXT
+from fedvlp.methods import declarations
 from fedvlp.methods.base import ClientData, Method, TokenInputs
+from fedvlp.methods.declarations import FedAvgPParams
 from fedvlp.methods.fedprime import token_inputs, trainable_pooler, vilt_classifier
 from fedvlp.methods.registry import register
-from fedvlp.spec import VILT_EPOCHS_RANGE, VILT_LR_RANGE, log_range, spec_field
 
 ONES_ROW = {FULL: 0, MISSING_IMAGE: 1, MISSING_TEXT: 2}  # the reference's one-hot-like initial rows
 
@@ -39,30 +38,8 @@ def prompted_layers(requested: int | None, depth: int) -> int:
     return min(requested, depth) if requested is not None else max(1, depth // 2)
 
 
-@dataclass(frozen=True)
-class FedAvgPParams:
-    prompt_length: int = spec_field(16, "prompt tokens per prompted layer (reference: 16; 0: no prompts, the trainable "
-                                        "pooler and head alone, the prompt-free baseline)", ge=0)
-    prompt_layers: int | None = spec_field(
-        None, "prompted layers, from the first (null: the first half of the backbone's, as the reference's 6 of 12; "
-              "capped at the depth)", ge=1)
-    prox_mu: float = spec_field(0.0, "FedProx proximal weight mu (0: FedAvg-P)", ge=0)
-    lr: float = spec_field(0.05, "SGD learning rate", gt=0, tune=VILT_LR_RANGE)
-    batch_size: int = spec_field(64, "local batch size", ge=1)
-    local_epochs: int = spec_field(1, "local epochs per round", ge=1, tune=VILT_EPOCHS_RANGE)
-
-
-@dataclass(frozen=True)
-class FedProxPParams(FedAvgPParams):
-    prox_mu: float = spec_field(0.01, "FedProx proximal weight mu", gt=0, tune=log_range(1e-3, 1.0))
-
-
 @register
-class FedAvgP(Method):
-    name = "fedavg_p"
-    Params = FedAvgPParams
-    backbone_kind = "vilt"
-    feature_kind = "embeddings"
+class FedAvgP(declarations.FedAvgP, Method):
     make_inputs = staticmethod(token_inputs)
 
     def __init__(self, params: FedAvgPParams, backbone, task, generator=None):
@@ -98,6 +75,5 @@ class FedAvgP(Method):
 
 
 @register
-class FedProxP(FedAvgP):
-    name = "fedprox_p"
-    Params = FedProxPParams
+class FedProxP(declarations.FedProxP, FedAvgP):
+    """FedAvg-P with the proximal term (`prox_mu` > 0)."""

@@ -66,23 +66,17 @@ from __future__ import annotations
 import contextlib
 import copy
 import math
-from dataclasses import dataclass
-from typing import Any, ClassVar, Literal, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 import torch
 import torch.nn.functional as F
 
 from fedvlp.errors import ConfigError
+from fedvlp.methods import declarations
 from fedvlp.methods.base import ClientData, Method, TokenInputs
+from fedvlp.methods.declarations import FedLoraParams, FedLoraViltParams
 from fedvlp.methods.fedprime import token_inputs, trainable_pooler, vilt_classifier
 from fedvlp.methods.registry import register
-from fedvlp.spec import (
-    CLIP_EPOCHS_RANGE,
-    CLIP_LR_RANGE,
-    VILT_EPOCHS_RANGE,
-    VILT_LR_RANGE,
-    spec_field,
-)
 
 ADAPTER = "default"  # peft's adapter name; get_peft_model_state_dict strips it from the keys
 # module-name suffixes peft matches (a key matches a target t if it is t or ends with "." + t)
@@ -90,47 +84,6 @@ CLIP_TARGETS = {"mlp": ("c_fc", "c_proj"), "c_fc": ("c_fc",), "c_proj": ("c_proj
 VILT_TARGETS = {"query_value": ("query", "value"), "query_key_value": ("query", "key", "value"),
                 # q, k, v, the attention output (attention.output.dense), the MLP (intermediate.dense, output.dense)
                 "all_linear": ("query", "key", "value", "output.dense", "intermediate.dense")}
-
-
-@dataclass(frozen=True)
-class FedLoraParams:
-    rank: int = spec_field(4, "LoRA rank r", ge=1)
-    alpha: float = spec_field(8.0, "LoRA alpha: the update B A is scaled by alpha / rank", gt=0)
-    dropout: float = spec_field(0.0, "dropout on the adapters' input (0: none; > 0 is seeded per client)",
-                                ge=0, lt=1)
-    targets: Literal["mlp", "c_fc", "c_proj"] = spec_field(
-        "mlp", "adapted linears of every text-encoder block: mlp (c_fc and c_proj), c_fc or c_proj only")
-    ffa: bool = spec_field(False, "FFA-LoRA: A frozen at its seeded initialisation and never sent; only B is "
-                                  "trained and averaged (exact average)")
-    template: str = spec_field("a photo of a {}.", "hand-written prompt; {} is replaced by the class name")
-    optimizer: Literal["adamw", "sgd"] = spec_field("adamw", "local optimiser: adamw (no weight decay) or plain sgd")
-    lr: float = spec_field(2e-3, "learning rate (AdamW, as PromptFL's Adam)", gt=0, tune=CLIP_LR_RANGE)
-    batch_size: int = spec_field(64, "local batch size", ge=1)
-    local_epochs: int = spec_field(5, "local epochs per round", ge=1, tune=CLIP_EPOCHS_RANGE)
-    init_bias: float = spec_field(-5.0, "starting bias of the multi-label logits")
-
-    def __post_init__(self):
-        if "{}" not in self.template:
-            raise ConfigError(f"method.template: expected a '{{}}' placeholder for the class name, "
-                              f"got {self.template!r}")
-
-
-@dataclass(frozen=True)
-class FedLoraViltParams:
-    rank: int = spec_field(4, "LoRA rank r", ge=1)
-    alpha: float = spec_field(8.0, "LoRA alpha: the update B A is scaled by alpha / rank", gt=0)
-    dropout: float = spec_field(0.0, "dropout on the adapters' input (0: none; > 0 is seeded per client)",
-                                ge=0, lt=1)
-    targets: Literal["query_value", "query_key_value", "all_linear"] = spec_field(
-        "query_value", "adapted linears of every layer: query_value (the LoRA paper's), query_key_value, or "
-                       "all_linear (q, k, v, attention output, MLP in and out)")
-    ffa: bool = spec_field(False, "FFA-LoRA: A frozen at its seeded initialisation and never sent; only B is "
-                                  "trained and averaged (exact average)")
-    optimizer: Literal["sgd", "adamw"] = spec_field(
-        "sgd", "local optimiser of adapters and heads: sgd (as FedAvg-P and FED-PRIME) or adamw (no weight decay)")
-    lr: float = spec_field(0.05, "learning rate (SGD, as FedAvg-P)", gt=0, tune=VILT_LR_RANGE)
-    batch_size: int = spec_field(64, "local batch size", ge=1)
-    local_epochs: int = spec_field(2, "local epochs per round", ge=1, tune=VILT_EPOCHS_RANGE)
 
 
 M = TypeVar("M", bound=torch.nn.Module)
@@ -271,10 +224,8 @@ class LoraMethod(Method):
 
 
 @register
-class FedLora(LoraMethod):
+class FedLora(declarations.FedLora, LoraMethod):
     """LoRA on the CLIP text encoder's MLP linears, hand-written prompts, PromptFL's multi-label head."""
-    name = "fedlora"
-    Params = FedLoraParams
     adapter_module = "text"
 
     def __init__(self, params: FedLoraParams, backbone, task, generator=None):
@@ -300,12 +251,8 @@ class FedLora(LoraMethod):
 
 
 @register
-class FedLoraVilt(LoraMethod):
+class FedLoraVilt(declarations.FedLoraVilt, LoraMethod):
     """LoRA on ViLT's query and value projections, FedAvg-P's trainable pooler and classifier head."""
-    name = "fedlora_vilt"
-    Params = FedLoraViltParams
-    backbone_kind = "vilt"
-    feature_kind = "embeddings"
     adapter_module = "encoder"
     make_inputs = staticmethod(token_inputs)
 

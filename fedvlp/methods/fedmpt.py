@@ -34,62 +34,17 @@ softmax over patches), `gate` (off: mean over conditions).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 
-from fedvlp.errors import ConfigError
+from fedvlp.methods import declarations
 from fedvlp.methods.base import ClientData, Method
+from fedvlp.methods.declarations import PAPER_CONDITIONS, FedMPTParams  # noqa: F401  (PAPER_CONDITIONS: read from here too)
 from fedvlp.methods.numerics import ot_region_scores, region_aggregate
 from fedvlp.methods.prompts import ConditionPromptTemplate, PromptTemplate
 from fedvlp.methods.registry import register
-from fedvlp.spec import CLIP_EPOCHS_RANGE, CLIP_LR_RANGE, spec_field
 
 OT_TOLERANCE = 1e-4  # float32 marginals cannot get closer than ~1e-6 summed; stop well before that floor
-PAPER_CONDITIONS = ("spatial layout", "object pose", "background", "lighting", "object scale")
-
-
-@dataclass(frozen=True)
-class FedMPTParams:
-    conditions: tuple[str, ...] = spec_field(PAPER_CONDITIONS, "the N conditions filled into [COND]")
-    conditions_file: str | None = spec_field(None, "text file with one condition per line (replaces `conditions`)")
-    n_cond_ctx: int = spec_field(4, "beta_cond: learned tokens per condition", ge=1)
-    n_cls_ctx: int = spec_field(4, "beta_cls: learned class-level tokens shared by all prompts", ge=1)
-    cls_ctx_init: str = spec_field("a photo of a", "words the class context starts from ('' = random)")
-    adapter_rank: int = spec_field(32, "D_s: rank of each condition's adapter and of the gate", ge=1)
-    tau: float = spec_field(4.0, "temperature of the OT row marginal (patch importance)", gt=0)
-    ot_epsilon: float = spec_field(0.2, "lambda: entropic regularisation of the Sinkhorn plan", gt=0)
-    ot_iters: int = spec_field(100, "Sinkhorn iterations at most (it stops early at convergence)", ge=1)
-    region_temperature: float = spec_field(0.05, "softmax temperature over patches when ot is off", gt=0)
-    cps: bool = spec_field(True, "ablation: condition prompts")
-    adapters: bool = spec_field(True, "ablation: per-condition adapters")
-    ot: bool = spec_field(True, "ablation: optimal transport (off: region aggregation)")
-    gate: bool = spec_field(True, "ablation: learned gate (off: mean over conditions)")
-    gamma_neg: float = spec_field(2.0, "ASL focusing of negatives", ge=0)
-    gamma_pos: float = spec_field(1.0, "ASL focusing of positives", ge=0)
-    clip: float = spec_field(0.05, "ASL probability shift of negatives", ge=0, lt=1)
-    init_bias: float = spec_field(-5.0, "starting bias of the logits")
-    lr: float = spec_field(0.02, "SGD learning rate (paper: 1e-3 on a loss summed over classes with weight 0.02; "
-                                 "here the loss is a mean over known labels)", gt=0, tune=CLIP_LR_RANGE)
-    momentum: float = spec_field(0.9, "SGD momentum", ge=0, lt=1)
-    weight_decay: float = spec_field(1e-5, "SGD weight decay", ge=0)
-    batch_size: int = spec_field(32, "local batch size", ge=1)
-    local_epochs: int = spec_field(1, "local epochs per round (paper: 1)", ge=1, tune=CLIP_EPOCHS_RANGE)
-
-    def __post_init__(self):
-        if self.conditions_file is not None:
-            path = Path(self.conditions_file).expanduser()
-            try:
-                lines = [line.strip() for line in path.read_text().splitlines() if line.strip()]
-            except OSError:
-                raise ConfigError(f"method.conditions_file: cannot read {path}; expected a text file, "
-                                  f"one condition per line") from None
-            if not lines:
-                raise ConfigError(f"method.conditions_file: {path} holds no condition")
-            object.__setattr__(self, "conditions", tuple(lines))
-        if not self.conditions:
-            raise ConfigError("method.conditions: expected at least one condition")
 
 
 class LowRank(torch.nn.Module):
@@ -109,11 +64,7 @@ class LowRank(torch.nn.Module):
 
 
 @register
-class FedMPT(Method):
-    name = "fedmpt"
-    Params = FedMPTParams
-    feature_kind = "tokens"
-
+class FedMPT(declarations.FedMPT, Method):
     def __init__(self, params: FedMPTParams, backbone, task, generator=None):
         super().__init__(params, backbone, task)
         num = len(params.conditions)

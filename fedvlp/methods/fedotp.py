@@ -34,53 +34,20 @@ rises from 0.477 to 0.650.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Literal
-
 import torch
 
+from fedvlp.methods import declarations
 from fedvlp.methods.base import LOCAL, ClientData, Method
+from fedvlp.methods.declarations import FedOTPParams
 from fedvlp.methods.numerics import partial_transport, sinkhorn
 from fedvlp.methods.prompts import PromptTemplate
 from fedvlp.methods.registry import register
-from fedvlp.spec import CLIP_EPOCHS_RANGE, CLIP_LR_RANGE, spec_field
 
 NUM_PROMPTS = 2  # prompt 0 global, prompt 1 local (the reference's --num_prompt 2, --avg_prompt 1)
 
 
-@dataclass(frozen=True)
-class FedOTPParams:
-    n_ctx: int = spec_field(16, "context tokens of each prompt (reference 16)", ge=1)
-    ctx_init: str = spec_field(
-        "", "words both prompts start from, n_ctx tokens ('' = N(0, 0.02) each, the reference's start)")
-    epsilon: float = spec_field(
-        0.01, "entropic regularisation of the OT between patches and prompts (reference 0.01)", gt=0)
-    transport: Literal["partial", "balanced"] = spec_field(
-        "partial", "partial: the reference's unbalanced COT (prompts take top_percent of the mass, patches may "
-                   "ship less than theirs); balanced: Sinkhorn with both marginals fixed")
-    top_percent: float = spec_field(0.8, "transport=partial: the mass the prompts receive (reference 0.8)", gt=0, le=1)
-    ot_max_iter: int = spec_field(100, "OT iterations at most (reference 100)", ge=1)
-    ot_tol: float = spec_field(1e-3, "OT stops once its iterates change less than this (reference 1e-3)", gt=0)
-    init_bias: float = spec_field(
-        -2.0, "starting bias of the multi-label logits (learned, averaged like the global prompt)")
-    lr: float = spec_field(0.2, "SGD learning rate, momentum 0.9 (reference 0.001, on a loss summed over classes; "
-                                "here the loss is a mean over known labels)", gt=0, tune=CLIP_LR_RANGE)
-    batch_size: int = spec_field(32, "local batch size (reference 32)", ge=1)
-    local_epochs: int = spec_field(5, "local epochs per round (reference 1)", ge=1, tune=CLIP_EPOCHS_RANGE)
-    gamma_neg: float = spec_field(2.0, "asymmetric loss: focusing of the negatives", ge=0)
-    gamma_pos: float = spec_field(1.0, "asymmetric loss: focusing of the positives", ge=0)
-    asl_clip: float = spec_field(0.05, "asymmetric loss: probability margin of the negatives", ge=0, lt=1)
-    aggregation: Literal["fedavg", "mean"] = spec_field(
-        "fedavg", "server rule for the global prompt and the bias: fedavg (weighted by data size, the reference) "
-                  "or mean")
-
-
 @register
-class FedOTP(Method):
-    name = "fedotp"
-    Params = FedOTPParams
-    feature_kind = "tokens"
-    server_rules = {"": "fedavg", "local_ctx": LOCAL}
+class FedOTP(declarations.FedOTP, Method):
     global_evaluation = "global"
 
     def __init__(self, params: FedOTPParams, backbone, task, generator=None):

@@ -24,52 +24,15 @@ Deviations from the reference code (hangpt01/FedPrime), each deliberate:
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass
-from typing import Literal
 
 import torch
 import torch.nn.functional as F
 
-from fedvlp.errors import ConfigError
-from fedvlp.methods.base import LOCAL, ClientData, Method, TokenInputs
+from fedvlp.methods import declarations
+from fedvlp.methods.base import ClientData, Method, TokenInputs
+from fedvlp.methods.declarations import FedPrimeParams
 from fedvlp.methods.prompts import PromptPool
 from fedvlp.methods.registry import register
-from fedvlp.spec import VILT_EPOCHS_RANGE, VILT_LR_RANGE, spec_field
-
-
-@dataclass(frozen=True)
-class FedPrimeParams:
-    pools: Literal["both", "inter", "intra"] = spec_field(
-        "both", "prompt pools: both (FED-PRIME), inter only (Fed-Inter) or intra only (Fed-Intra)")
-    pool_size: int = spec_field(20, "prompts per pool (tau)", ge=1)
-    top_k: int = spec_field(5, "prompts retrieved from each pool (kappa)", ge=1)
-    selection: Literal["sample", "batch"] = spec_field(
-        "sample", "top-k per sample (paper), or the reference's batch-wise majority selection")
-    retrieval_weight: float = spec_field(0.01, "weight of the retrieval regulariser", ge=0)
-    lr: float = spec_field(0.05, "SGD learning rate (reference: 0.05 on Food-101)", gt=0, tune=VILT_LR_RANGE)
-    batch_size: int = spec_field(64, "local batch size", ge=1)
-    local_epochs: int = spec_field(1, "local epochs per round (reference: 1)", ge=1, tune=VILT_EPOCHS_RANGE)
-    outer_loops: int = spec_field(5, "server clustering: alternations of Adam steps and Hungarian matching", ge=1)
-    cluster_lr: float = spec_field(1e-3, "server clustering: Adam learning rate", gt=0)
-    cluster_prompts: Literal["selected", "all"] = spec_field(
-        "selected", "server clustering: only the inter prompts the clients retrieved this round (the reference), "
-                    "or the whole pool")
-    keep_centroids: Literal["used", "top"] = spec_field(
-        "used", "server clustering: every used centroid becomes a prompt (the paper; the pool size varies, at most "
-                "max_pool), or the pool_size most used ones (a fixed size)")
-    max_pool: int | None = spec_field(None, "keep_centroids=used: the most prompts the inter pool may grow to "
-                                            "(null: 4 x pool_size)", ge=1)
-    cluster_schedule: Literal["batched", "per_client"] = spec_field(
-        "per_client", "server clustering: one Adam step per client and outer loop (the reference's, which the "
-                      "paper's figures come from), or one per outer loop on all clients' objective (cheaper at many "
-                      "clients)")
-
-    def __post_init__(self):
-        if self.top_k > self.pool_size:
-            raise ConfigError(f"method.top_k: expected at most method.pool_size={self.pool_size}, got {self.top_k}")
-        if self.max_pool is not None and self.max_pool < self.pool_size:
-            raise ConfigError(f"method.max_pool: expected at least method.pool_size={self.pool_size}, "
-                              f"got {self.max_pool}")
 
 
 def vilt_classifier(dim: int, num_classes: int, generator: torch.Generator) -> torch.nn.Sequential:
@@ -98,14 +61,8 @@ def token_inputs(features: torch.Tensor, missing: torch.Tensor | None) -> TokenI
 
 
 @register
-class FedPrime(Method):
-    name = "fedprime"
-    Params = FedPrimeParams
-    backbone_kind = "vilt"
-    feature_kind = "embeddings"
+class FedPrime(declarations.FedPrime, Method):
     global_evaluation = "initial"  # the reference's server model keeps the query projections at their seeded start
-    server_rules = {"": "fedavg", "inter_pool.prompts": "hungarian", "inter_pool.selected": "hungarian",
-                    "intra_pool.query": LOCAL, "inter_pool.query": LOCAL}
     make_inputs = staticmethod(token_inputs)
 
     def __init__(self, params: FedPrimeParams, backbone, task, generator=None):

@@ -25,34 +25,16 @@ optimiser: SGD, momentum 0.9, created afresh every round.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from typing import Literal
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from fedvlp.methods import declarations
 from fedvlp.methods.base import ClientData, Method
+from fedvlp.methods.declarations import FedTPGParams
 from fedvlp.methods.prompts import PromptTemplate
 from fedvlp.methods.registry import register
-from fedvlp.spec import CLIP_EPOCHS_RANGE, CLIP_LR_RANGE, spec_field
-
-
-@dataclass(frozen=True)
-class FedTPGParams:
-    n_ctx: int = spec_field(4, "generated context tokens (reference n_ctx 4)", ge=1)
-    heads: int = spec_field(4, "cross-attention heads (reference 4); must divide the token width", ge=1)
-    ff_mult: int = spec_field(4, "feed-forward hidden width = ff_mult * token width (reference 4)", ge=1)
-    init_bias: float = spec_field(-5.0, "starting bias of the multi-label logits")
-    lr: float = spec_field(0.06, "SGD learning rate, momentum 0.9 (reference 0.003, on a loss summed over classes; "
-                                 "here the loss is a mean over known labels)", gt=0, tune=CLIP_LR_RANGE)
-    batch_size: int = spec_field(32, "local batch size (reference 200)", ge=1)
-    local_epochs: int = spec_field(5, "local epochs per round (reference 1)", ge=1, tune=CLIP_EPOCHS_RANGE)
-    gamma_neg: float = spec_field(2.0, "asymmetric loss: focusing of the negatives", ge=0)
-    gamma_pos: float = spec_field(1.0, "asymmetric loss: focusing of the positives", ge=0)
-    asl_clip: float = spec_field(0.05, "asymmetric loss: probability margin of the negatives", ge=0, lt=1)
-    aggregation: Literal["fedavg", "mean"] = spec_field(
-        "mean", "server rule for the generator and head: mean (unweighted, the reference's server) or fedavg")
 
 
 class GEGLU(nn.Module):
@@ -83,10 +65,7 @@ class PromptGenerator(nn.Module):
 
 
 @register
-class FedTPG(Method):
-    name = "fedtpg"
-    Params = FedTPGParams
-    server_rules = {"": "mean"}
+class FedTPG(declarations.FedTPG, Method):
     class_embeddings: torch.Tensor
 
     def __init__(self, params: FedTPGParams, backbone, task, generator=None):

@@ -8,31 +8,18 @@ binary cross-entropy that ignores unknown labels.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import torch
 
+from fedvlp.methods import declarations
 from fedvlp.methods.base import ClientData, Method
+from fedvlp.methods.declarations import PromptFLParams
 from fedvlp.methods.prompts import PromptTemplate
 from fedvlp.methods.registry import register
-from fedvlp.spec import CLIP_EPOCHS_RANGE, CLIP_LR_RANGE, spec_field
-
-
-@dataclass(frozen=True)
-class PromptFLParams:
-    n_ctx: int = spec_field(4, "learned context vectors M", ge=1)
-    ctx_init: str = spec_field("a photo of a", "words the context starts from ('' = random); must be n_ctx tokens")
-    lr: float = spec_field(2e-3, "Adam learning rate", gt=0, tune=CLIP_LR_RANGE)
-    batch_size: int = spec_field(64, "local batch size", ge=1)
-    local_epochs: int = spec_field(5, "local epochs per round", ge=1, tune=CLIP_EPOCHS_RANGE)
-    init_bias: float = spec_field(-5.0, "starting bias of the multi-label logits")
 
 
 @register
-class PromptFL(Method):
-    name = "promptfl"
-    Params = PromptFLParams
-
+class PromptFL(declarations.PromptFL, Method):
     def __init__(self, params: PromptFLParams, backbone, task, generator=None):
         super().__init__(params, backbone, task)
         self.template = PromptTemplate(backbone, task.class_names, params.n_ctx)

@@ -4,9 +4,13 @@
 frozen dataclass whose every field has help text), its `backbone_kind` and `feature_kind`, and that
 every value of its `server_rules` is a known server rule (`fedvlp.platform.aggregation.RULES`) or
 `"local"`. Register a plugin's server rules before the methods that use them.
+
+The built-ins' modules (torch) are imported on the first use of METHODS; `declaration` answers what the config
+and a run's driver ask of a method without importing them.
 """
 from __future__ import annotations
 
+import importlib
 from typing import TYPE_CHECKING
 
 from fedvlp.registry import Registry
@@ -14,6 +18,9 @@ from fedvlp.spec import check_params_class
 
 if TYPE_CHECKING:
     from fedvlp.methods.base import Method
+    from fedvlp.methods.declarations import MethodDeclaration
+
+BUILT_IN_MODULES = ("dualcoop", "fedavg_p", "fedlora", "fedmpt", "fedotp", "fedprime", "fedtpg", "promptfl", "zeroshot")
 
 FEATURE_KINDS = {"clip": ("global", "tokens"), "vilt": ("embeddings",)}
 
@@ -47,7 +54,20 @@ def _check_method(name: str, cls) -> None:
             raise TypeError(f"{owner}: implement {hook}() (see the contract in fedvlp.methods.base.Method)")
 
 
-METHODS: Registry[type[Method]] = Registry("method", "method.name", _check_method)
+def _import_built_ins() -> None:
+    for module in BUILT_IN_MODULES:
+        importlib.import_module(f"fedvlp.methods.{module}")
+
+
+METHODS: Registry[type[Method]] = Registry("method", "method.name", _check_method, load=_import_built_ins)
+
+
+def declaration(name: str) -> type[MethodDeclaration]:
+    """A method's name, Params, backbone_kind, feature_kind and server_rules: a built-in's from
+    `fedvlp.methods.declarations`, without importing its module; any other's from its registered class."""
+    from fedvlp.methods.declarations import BUILT_IN
+
+    return BUILT_IN[name] if name in BUILT_IN else METHODS.get(name)
 
 
 def register(cls):

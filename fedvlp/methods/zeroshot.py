@@ -5,31 +5,16 @@ Scores use the same multi-label head as the prompt learners start from
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
-from fedvlp.errors import ConfigError
+from fedvlp.methods import declarations
 from fedvlp.methods.base import ClientData, Method
+from fedvlp.methods.declarations import ZeroShotParams
 from fedvlp.methods.registry import register
-from fedvlp.spec import spec_field
-
-
-@dataclass(frozen=True)
-class ZeroShotParams:
-    template: str = spec_field("a photo of a {}.", "prompt template; {} is replaced by the class name")
-    bias: float = spec_field(-5.0, "bias of the multi-label logits")
-
-    def __post_init__(self):
-        if "{}" not in self.template:
-            raise ConfigError(f"method.template: expected a '{{}}' placeholder for the class name, "
-                              f"got {self.template!r}")
 
 
 @register
-class ZeroShot(Method):
-    name = "zeroshot"
-    Params = ZeroShotParams
+class ZeroShot(declarations.ZeroShot, Method):
     text: torch.Tensor
 
     def __init__(self, params: ZeroShotParams, backbone, task, generator=None):

@@ -15,20 +15,23 @@ Every rule is a `ServerRule` registered by name in `RULES` (plugins register the
 Updates always come in sorted client-id order and are summed in float64, so the result does not depend
 on which worker produced which update or in what order they arrived. Options are a frozen dataclass
 per rule (`options`), validated when the config is built (`server.options.<rule>.<key>`).
+
+The registry imports without torch (the config and a run's driver read it); the rules import torch as they run.
 """
 from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
-
-import torch
+from typing import TYPE_CHECKING, Any, Literal
 
 from fedvlp.registry import Registry
 from fedvlp.spec import spec_field
 
-State = dict[str, torch.Tensor]
+if TYPE_CHECKING:
+    import torch
+
+    State = dict[str, torch.Tensor]
 LOCAL = "local"  # the rule of parameters that never leave their client (the coordinator keeps them per client)
 
 
@@ -61,6 +64,8 @@ def register_rule(rule: ServerRule) -> ServerRule:
 
 def weighted_average(states: Sequence[State], weights: Sequence[float]) -> State:
     """sum_k w_k * state_k / sum_k w_k, key by key, in float64 (FedAvg with w_k = |D_k|)."""
+    import torch
+
     if not states:
         raise ValueError("weighted_average: no states to aggregate")
     total = float(sum(weights))
@@ -113,6 +118,8 @@ class FedOptOptions:
 
 def _moments(state: dict, previous: State, names: Sequence[str], start: float) -> dict[str, State]:
     """The state's moment tensors, started (float64, shaped like the parameters) on the first round."""
+    import torch
+
     return {name: state.get(name) or {k: torch.full(p.shape, start, dtype=torch.float64) for k, p in previous.items()}
             for name in names}
 
@@ -165,6 +172,8 @@ def _adam_v(v: torch.Tensor, delta: torch.Tensor, options: FedOptOptions) -> tor
 
 
 def _yogi_v(v: torch.Tensor, delta: torch.Tensor, options: FedOptOptions) -> torch.Tensor:
+    import torch
+
     return v - (1 - options.beta2) * delta ** 2 * torch.sign(v - delta ** 2)
 
 

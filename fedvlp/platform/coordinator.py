@@ -11,39 +11,52 @@ receives masked vectors and recovers their sum (`fedvlp.platform.secagg`), noise
 """
 from __future__ import annotations
 
-import ray
-import torch
+from typing import TYPE_CHECKING
 
-from fedvlp.platform.aggregation import RuleInputs, apply_rule, is_average, state_nbytes
-from fedvlp.platform.client_states import ClientStateStore
+import ray
+
 from fedvlp.platform.sampling import sample_cohort
-from fedvlp.platform.updates import ClientUpdate
-from fedvlp.seeding import reset_reused_actor, torch_generator
+
+if TYPE_CHECKING:
+    import torch
+
+    from fedvlp.platform.updates import ClientUpdate
 
 
 @ray.remote(max_restarts=0)
 class Coordinator:
     """Started with the workers, so its process starts while they load the backbone; `begin` then hands it the
-    global state to start from and the server rules, which a worker's freshly built method gives."""
+    global state to start from and the server rules, which a worker's freshly built method gives.
+
+    The driver imports this module for the actor class only: what needs torch is imported in the methods."""
 
     def __init__(self, seed: int, num_clients: int, participation: float, client_store: tuple[str, int],
-                 checkpoint: dict | None = None, plugins: tuple[str, ...] = ()):
+                 checkpoint: bytes | None = None, plugins: tuple[str, ...] = ()):
+        from fedvlp.platform import checkpoint as checkpoints
+        from fedvlp.platform.client_states import ClientStateStore
         from fedvlp.plugins import load_plugins
+        from fedvlp.seeding import new_process_seed
 
+        new_process_seed()  # remembered before anything reseeds torch (`reset_reused_actor`)
         load_plugins(plugins)  # a plugin's server rule must be registered in this process too
+        resumed = checkpoints.decode(checkpoint) if checkpoint is not None else None
         self.seed, self.num_clients, self.participation = seed, num_clients, participation
-        self.rule_states: dict[str, dict] = checkpoint.get("rule_states", {}) if checkpoint else {}
+        self.rule_states: dict[str, dict] = resumed.get("rule_states", {}) if resumed else {}
         spill_dir, budget_bytes = client_store
-        self.client_states = ClientStateStore(spill_dir, budget_bytes, checkpoint["clients"] if checkpoint else None)
-        self.round = checkpoint["round"] if checkpoint else 0
+        self.client_states = ClientStateStore(spill_dir, budget_bytes, resumed["clients"] if resumed else None)
+        self.round = resumed["round"] if resumed else 0
+        self.resumed_state = resumed["global"] if resumed else None
 
     def reset(self, *init_args) -> None:
         """This coordinator for a new run, as a new actor would start it (`reset_reused_actor`)."""
+        from fedvlp.seeding import reset_reused_actor
+
         reset_reused_actor(self, *init_args)
 
     def begin(self, state: dict[str, torch.Tensor], rules: dict[str, str], rule_options: dict,
               privacy: dict | None = None) -> None:
-        self.state = state  # the global state: the method's initial one, or a resumed checkpoint's
+        # the global state: a resumed checkpoint's, else the method's initial one
+        self.state = state if self.resumed_state is None else self.resumed_state
         self.rules = rules  # parameter name -> server rule (global parameters only)
         self.rule_options = rule_options  # rule name -> its options dataclass
         self.privacy = privacy or {"clip_norm": None, "noise_multiplier": None, "secure": False, "weighting": "samples"}
@@ -66,6 +79,9 @@ class Coordinator:
     def aggregate(self, round_index: int, cohort: list[int], *client_updates: ClientUpdate) -> dict:
         """Combine the updates that arrived, in sorted client-id order, into the next global state. `cohort` is
         every client the round trained (secure aggregation recovers the sum without those that dropped out)."""
+        from fedvlp.platform.aggregation import RuleInputs, apply_rule, state_nbytes
+        from fedvlp.seeding import torch_generator
+
         updates = sorted(client_updates, key=lambda u: u.client_id)
         sizes = [u.num_samples for u in updates]
         if not updates or sum(sizes) == 0:
@@ -114,6 +130,8 @@ class Coordinator:
         Secure aggregation: the masked vectors are unmasked to their sum once; each group takes its slice, noised
         if DP is on (the clients clipped before masking), divided by the cohort's weight otherwise."""
         from fedvlp.platform import privacy, secagg
+        from fedvlp.platform.aggregation import is_average
+        from fedvlp.seeding import torch_generator
 
         clip, sigma, secure = self.privacy["clip_norm"], self.privacy["noise_multiplier"], self.privacy["secure"]
         if sigma is None and not secure:
@@ -140,3 +158,9 @@ class Coordinator:
         """Round, global state, server rules' states and client states: everything needed to continue the run."""
         return {"round": self.round, "global": self.state, "rule_states": self.rule_states,
                 "clients": self.client_states.snapshot()}
+
+    def checkpoint(self, plain: dict) -> bytes:
+        """The round checkpoint, `snapshot` and the driver's `plain` entries, as the bytes the driver writes."""
+        from fedvlp.platform import checkpoint as checkpoints
+
+        return checkpoints.encode({**self.snapshot(), **plain})

@@ -17,6 +17,7 @@ import os
 import sys
 import time
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -25,13 +26,13 @@ import ray
 from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from fedvlp.backbones import backbone_id, prepare_backbone
+from fedvlp.backbones import FEATURE_CHUNK, backbone_id, prepare_backbone
 from fedvlp.data import FederatedData, Split, prepare_data
 from fedvlp.data.feature_cache import FeatureCache, array_digest, feature_key
-from fedvlp.errors import ConfigError, FedvlpError, ResourceError, RoundFailedError
-from fedvlp.methods import METHODS
-from fedvlp.methods.base import Task
-from fedvlp.platform.aggregation import state_nbytes
+from fedvlp.errors import ConfigError, ResourceError, RoundFailedError
+from fedvlp.methods.declarations import Task
+from fedvlp.methods.registry import declaration
+from fedvlp.platform.checkpoint import decode, write_checkpoint
 from fedvlp.platform.clock import VirtualClock
 from fedvlp.platform.coordinator import Coordinator
 from fedvlp.platform.metrics import cooccurring_pairs, multilabel_metrics, single_label_metrics
@@ -47,8 +48,14 @@ class RunResult:
     initial: dict[str, float]     # the same before training (round 0)
     history: list[dict] = field(default_factory=list)
     workers: list[dict] = field(default_factory=list)
-    final_state: dict | None = None
+    checkpoint: bytes | None = None  # the last round's, as written
     feature_cache: dict = field(default_factory=dict)
+
+    @cached_property
+    def final_state(self) -> dict:
+        """The global state after the last round, decoded from its checkpoint on first use (imports torch)."""
+        assert self.checkpoint is not None
+        return decode(self.checkpoint)["global"]
 
 
 # Inside a Tune trial, the actors of a finished run stay in the trial's placement group for the next run there
@@ -62,7 +69,7 @@ def run_federated(spec, *, progress: bool = True, on_round=None, tags: dict | No
     """Run one federated experiment end to end and return its metrics.
 
     `on_round(round, metrics, checkpoint_path)` is called after each round (Tune reports
-    through it). `resume` is a round checkpoint (`load_checkpoint`): the run continues after
+    through it). `resume` is a round checkpoint (`read_checkpoint`): the run continues after
     its round, in the same MLflow run, and ends bitwise identical to an uninterrupted one.
     """
     say = print if progress else (lambda *a, **k: None)
@@ -76,12 +83,10 @@ def run_federated(spec, *, progress: bool = True, on_round=None, tags: dict | No
 
     # 1. Everything that depends only on the inputs, before any cluster work: bad input fails here.
     if not ray.is_initialized() and not os.environ.get("RAY_ADDRESS"):  # the local Ray will get this machine
-        import torch
-
-        check_fits(spec, {"CPU": os.cpu_count() or 1, "GPU": torch.cuda.device_count()}, "this machine")
+        check_fits(spec, {"CPU": os.cpu_count() or 1, "GPU": local_gpus()}, "this machine")
     tic = time.perf_counter()
     data = prepare_data(spec)
-    if METHODS[spec.method.name].feature_kind == "embeddings" and data.train_missing is None:
+    if declaration(spec.method.name).feature_kind == "embeddings" and data.train_missing is None:
         raise ConfigError(f"data.name: {spec.method.name} needs image+text data (synthetic-recipes, food101, mmimdb); "
                           f"{data.dataset.name} has no text")
     task = Task(data.dataset.class_names, multilabel=data.dataset.multilabel)
@@ -108,7 +113,7 @@ def run_federated(spec, *, progress: bool = True, on_round=None, tags: dict | No
         plugin_env = actor_runtime_env(spec.plugins)
         coordinator_args = (spec.seed, spec.federation.clients, spec.federation.participation,
                             (str(run_dir / "client_states"), int(spec.resources.client_state_memory_mb * 2**20)),
-                            resume, tuple(spec.plugins))
+                            resume["data"] if resume else None, tuple(spec.plugins))
         parked = _take_parked(placement, spec) if bundle_offset else None
         pool = WorkerPool(spec, task, placement, bundle_offset, name=f"fedvlp-{tracker.run_id}", runtime_env=plugin_env,
                           reuse=parked[0] if parked else None)
@@ -123,11 +128,11 @@ def run_federated(spec, *, progress: bool = True, on_round=None, tags: dict | No
                                                                      placement_group_bundle_index=bundle_offset),
             ).remote(*coordinator_args)
         worker_info = pool.ready()
-        method = ray.get(pool.actors[0].initial_method.remote())
+        initial_state, method_ref = pool.actors[0].initial_method.remote()  # the state goes worker -> coordinator
+        method = ray.get(method_ref)
         privacy["weighting"] = _weighting(privacy, method["rules"])
-        ray.get(coordinator.begin.remote(resume["global"] if resume else method["state"], method["rules"],
-                                         method["rule_options"], privacy))
-        clock = _virtual_clock(spec, data, method["state"], resume)
+        ray.get(coordinator.begin.remote(initial_state, method["rules"], method["rule_options"], privacy))
+        clock = _virtual_clock(spec, data, method["state_nbytes"], resume)
         tic = phase("actors", tic)
         cache_status = _attach_data(spec, data, pool, worker_info[0], say)
         tic = phase("features", tic)
@@ -140,6 +145,7 @@ def run_federated(spec, *, progress: bool = True, on_round=None, tags: dict | No
         tracker.set_tags({"checkpoint": str(checkpoint)})
 
         # 3. Rounds: cohort -> broadcast -> local updates -> aggregate -> evaluate -> log -> checkpoint.
+        saved = resume["data"] if resume else None
         if resume:
             first_round, initial, final = resume["round"] + 1, resume["initial"], resume["final"]
             say(f"fedvlp: resuming after round {resume['round']}")
@@ -158,9 +164,9 @@ def run_federated(spec, *, progress: bool = True, on_round=None, tags: dict | No
             if round_index % spec.federation.eval_every == 0 or round_index == spec.federation.rounds:
                 final = evaluate()
                 metrics.update(final)
-            save_checkpoint(checkpoint, {**ray.get(coordinator.snapshot.remote()), "run_id": tracker.run_id,
-                                         "initial": initial, "final": final,
-                                         "virtual_clock_seconds": clock.elapsed if clock else 0.0})
+            saved = ray.get(coordinator.checkpoint.remote({"run_id": tracker.run_id, "initial": initial, "final": final,
+                                                           "virtual_clock_seconds": clock.elapsed if clock else 0.0}))
+            write_checkpoint(checkpoint, saved)
             metrics["round_seconds"] = time.perf_counter() - tic
             timings = metrics.pop("timings")
             tracker.log_metrics(round_index, metrics)
@@ -168,11 +174,10 @@ def run_federated(spec, *, progress: bool = True, on_round=None, tags: dict | No
             say(_round_line(round_index, spec.federation.rounds, metrics))
             if on_round is not None:  # the latest metrics every round, so schedulers always see them
                 on_round(round_index, {**final, **metrics}, checkpoint)
-        final_state = ray.get(coordinator.global_state.remote())
         tracker.log_json({"initial": initial, "final": final, "rounds": spec.federation.rounds}, "final_metrics.json")
         tracker.end("FINISHED")
         finished = True
-        return RunResult(tracker.run_id, tracker.uri, final, initial, history, worker_info, final_state, cache_status)
+        return RunResult(tracker.run_id, tracker.uri, final, initial, history, worker_info, saved, cache_status)
     except KeyboardInterrupt:
         _end_run(tracker or _opened(opening), "KILLED")
         raise
@@ -394,36 +399,12 @@ def _warn(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
-def _virtual_clock(spec, data, initial_state: dict, resume: dict | None) -> VirtualClock | None:
+def _virtual_clock(spec, data, state_nbytes: int, resume: dict | None) -> VirtualClock | None:
     if not spec.federation.virtual_clock.enabled:
         return None
     return VirtualClock(spec.federation.virtual_clock, spec.seed, [len(p) for p in data.parts],
-                        getattr(spec.method.params, "local_epochs", 0), state_nbytes(initial_state),
+                        getattr(spec.method.params, "local_epochs", 0), state_nbytes,
                         elapsed=resume.get("virtual_clock_seconds", 0.0) if resume else 0.0)
-
-
-def save_checkpoint(path: Path, checkpoint: dict) -> None:
-    """Written by the driver (the coordinator may sit on another node), to a temporary name then
-    renamed, so a crash mid-write leaves the previous round's checkpoint intact."""
-    import torch
-
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    torch.save(checkpoint, tmp)
-    tmp.replace(path)
-
-
-def load_checkpoint(path: str | Path) -> dict:
-    """A round checkpoint written by the coordinator (safe: weights_only)."""
-    import torch
-
-    try:
-        return torch.load(path, weights_only=True)
-    except FileNotFoundError:
-        raise FedvlpError(f"{path}: checkpoint not found") from None
-    except Exception as exc:
-        raise FedvlpError(f"{path}: not a readable fedvlp checkpoint ({type(exc).__name__}); expected a file "
-                          f"written by a fedvlp run") from None
 
 
 # ---------------------------------------------------------------- placement
@@ -444,12 +425,18 @@ def ensure_ray(plugins=()) -> bool:
     if os.environ.get("RAY_ADDRESS"):
         ray.init(address=os.environ["RAY_ADDRESS"], **common)
     else:
-        import torch
-
         # address="local": never attach to a stray cluster left by `ray start` on this machine
-        ray.init(address="local", num_cpus=os.cpu_count() or 1, num_gpus=torch.cuda.device_count(),
+        ray.init(address="local", num_cpus=os.cpu_count() or 1, num_gpus=local_gpus(),
                  include_dashboard=False, **common)
     return True
+
+
+def local_gpus() -> int:
+    """The GPUs of this machine as Ray detects them (CUDA_VISIBLE_DEVICES, else NVML), without importing torch."""
+    from ray._private.accelerators import get_accelerator_manager_for_resource
+
+    manager = get_accelerator_manager_for_resource("GPU")
+    return manager.get_current_node_num_accelerators() if manager is not None else 0
 
 
 def _worker_bundle(resources) -> dict[str, float]:
@@ -534,8 +521,6 @@ def _frozen_features(spec, data, workers: list, worker: dict, say) -> tuple[dict
         features = cache.get(key) if cache is not None else None
         status[f"feature_cache.{name}"] = "off" if cache is None else ("hit" if features is not None else "miss")
         if features is None:
-            from fedvlp.backbones.clip import FEATURE_CHUNK
-
             source = ray.put((split.images, split.texts, table))
             chunks = [(s, min(s + FEATURE_CHUNK, len(split))) for s in range(0, len(split), FEATURE_CHUNK)]
             refs = [w.encode.remote(source, chunks[i :: len(workers)]) for i, w in enumerate(workers)]

@@ -15,16 +15,19 @@ Departures from the paper:
   weights a client's influence on the sum, and so its sensitivity, would grow with its data size.
 
 The averaging functions are pure (float64 arithmetic, results in each parameter's dtype); the accounting uses
-Google's `dp-accounting` package, imported on use.
+Google's `dp-accounting` package, imported on use. A run's driver does the accounting only, so torch too is
+imported where the averaging runs.
 """
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
-State = dict[str, torch.Tensor]
+    State = dict[str, torch.Tensor]
 
 # A neighbouring dataset here replaces one client's data by another's (the population size N is public). The
 # sum of clipped updates then changes by u - u' with ||u - u'|| <= 2C: its replace-one L2 sensitivity is 2C,
@@ -88,6 +91,8 @@ def private_average(states: Sequence[State], previous: State, clip_norm: float, 
         raise ValueError(f"private_average: clip_norm must be > 0, got {clip_norm}")
     if not noise_multiplier >= 0:
         raise ValueError(f"private_average: noise_multiplier must be >= 0, got {noise_multiplier}")
+    import torch
+
     keys = sorted(previous)
     total = {key: torch.zeros(previous[key].shape, dtype=torch.float64) for key in keys}
     for index, state in enumerate(states):
@@ -104,6 +109,8 @@ def noisy_mean(total: State, count: int, clip_norm: float, noise_multiplier: flo
                generator: torch.Generator) -> State:
     """(total + N(0, (sigma C)^2 I)) / count in float64, the noise drawn key by key in sorted key order: the
     noise step of `private_average`, also applied to a securely aggregated sum of clipped client states."""
+    import torch
+
     std = noise_multiplier * clip_norm
     return {key: (total[key].double() + torch.randn(total[key].shape, generator=generator, dtype=torch.float64) * std)
             / count for key in sorted(total)}

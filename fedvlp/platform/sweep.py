@@ -248,7 +248,8 @@ def _trial(config: dict, sweep: SweepSpec, parent_run_id: str) -> None:
     """One Tune trial = one whole federated run, reporting and checkpointing every round."""
     from ray import tune
 
-    from fedvlp.platform.engine import load_checkpoint, run_federated
+    from fedvlp.platform.checkpoint import read_checkpoint
+    from fedvlp.platform.engine import run_federated
 
     spec = trial_spec(sweep, config, parent_run_id)
     trial_id = tune.get_context().get_trial_id()
@@ -258,7 +259,7 @@ def _trial(config: dict, sweep: SweepSpec, parent_run_id: str) -> None:
     resume = None
     if checkpoint is not None:
         with checkpoint.as_directory() as directory:
-            resume = load_checkpoint(Path(directory) / "checkpoint.pt")
+            resume = read_checkpoint(Path(directory) / "checkpoint.pt")
     _delete_stale_attempts(spec.tracking.uri, parent_run_id, trial_id, keep=resume["run_id"] if resume else None)
 
     def report(round_index: int, metrics: dict, checkpoint_path: Path) -> None:

@@ -2,11 +2,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
-State = dict[str, torch.Tensor]
+    State = dict[str, torch.Tensor]
 
 
 @dataclass(frozen=True)

@@ -9,17 +9,18 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import ray
-import torch
 
 from fedvlp.backbones import load_backbone
 from fedvlp.data.missing import apply_missing
-from fedvlp.methods.base import ClientData, Task
 from fedvlp.platform.updates import ClientUpdate
-from fedvlp.seeding import reset_reused_actor, torch_generator
+from fedvlp.seeding import torch_generator
+
+if TYPE_CHECKING:
+    from fedvlp.methods.base import ClientData, Task
 
 
 def build_method(spec, backbone, task: Task):
@@ -54,8 +55,12 @@ def server_rules(method, spec) -> tuple[dict[str, str], dict]:
 @ray.remote(max_restarts=0)
 class ClientWorker:
     def __init__(self, spec, index: int, task: Task):
-        from fedvlp.plugins import load_plugins
+        import torch  # imported in the actor only: the driver imports this module for the actor class
 
+        from fedvlp.plugins import load_plugins
+        from fedvlp.seeding import new_process_seed
+
+        new_process_seed()  # remembered before anything reseeds torch (`reset_reused_actor`)
         load_plugins(spec.plugins)  # a plugin method is registered here too, not only in the driver
         torch.set_num_threads(max(1, int(spec.resources.num_cpus)))
         self.spec, self.index = spec, index
@@ -74,6 +79,8 @@ class ClientWorker:
 
     def reset(self, spec, index: int, task: Task) -> None:
         """This worker for a new run, as a new actor would start it (`reset_reused_actor`)."""
+        from fedvlp.seeding import reset_reused_actor
+
         reset_reused_actor(self, spec, index, task)
 
     def ready(self) -> dict:
@@ -81,12 +88,17 @@ class ClientWorker:
                 "gpu_ids": [str(g) for g in ray.get_gpu_ids()], "device": str(self.device),
                 "transform": self.backbone.transform_id, "feature_kind": self.method.feature_kind}
 
-    def initial_method(self) -> dict:
-        """What the driver and the coordinator need of the method, from this worker's copy before any training:
-        its initial global state, its server rules and their options, its number of trainable parameters."""
+    @ray.method(num_returns=2)
+    def initial_method(self) -> tuple[dict, dict]:
+        """What the coordinator and the driver need of the method, from this worker's copy before any training:
+        (its initial global state, for the coordinator; its server rules and their options, its number of
+        trainable parameters and its state's size, plain values the driver reads without torch)."""
+        from fedvlp.platform.aggregation import state_nbytes
+
         rules, options = server_rules(self.method, self.spec)
-        return {"state": _to(self.method.global_state(), "cpu"), "rules": rules, "rule_options": options,
-                "trainable_params": sum(p.numel() for p in self.method.parameters() if p.requires_grad)}
+        state = _to(self.method.global_state(), "cpu")
+        return state, {"rules": rules, "rule_options": options, "state_nbytes": state_nbytes(state),
+                       "trainable_params": sum(p.numel() for p in self.method.parameters() if p.requires_grad)}
 
     def encode(self, source: tuple, ranges: list[tuple[int, int]]) -> list[tuple[int, np.ndarray]]:
         """Frozen features (float16) of the sample ranges this worker was given.
@@ -110,11 +122,17 @@ class ClientWorker:
         return out
 
     def _inputs(self, features: np.ndarray, missing: np.ndarray | None):
+        import torch
+
         to_tensor = lambda a: torch.from_numpy(np.asarray(a)).to(self.device)  # noqa: E731
         return self.method.make_inputs(to_tensor(features.astype(np.float32)),
                                        None if missing is None else to_tensor(missing.astype(np.int64)))
 
     def _client_data(self, split: tuple, indices: np.ndarray) -> ClientData:
+        import torch
+
+        from fedvlp.methods.base import ClientData
+
         features, labels, missing = split
         dtype = np.float32 if labels.ndim == 2 else np.int64
         return ClientData(self._inputs(features[indices], None if missing is None else missing[indices]),
