@@ -235,9 +235,11 @@ def test_ctrl_c_ends_the_run_killed_and_leaves_no_ray_behind(tmp_path, tracking_
     uri = tracking_uri
     ray_tmp = Path(tempfile.mkdtemp(prefix="ray", dir="/tmp"))  # Ray's socket paths must stay short
     env = {**os.environ, "MLFLOW_TRACKING_URI": uri, "PYTHONUNBUFFERED": "1", "RAY_TMPDIR": str(ray_tmp)}
-    proc = _fedvlp(tmp_path, env, "run", "--set", "federation.rounds=20", "--set", "data.num_train=600",
+    # far more rounds than can pass before the signal lands: the test reads the driver's output through a pipe,
+    # and on busy cores it fell behind until a 20-round run had finished before its Ctrl-C was sent
+    proc = _fedvlp(tmp_path, env, "run", "--set", "federation.rounds=1000", "--set", "data.num_train=600",
                    "--set", "resources.workers=1", "--set", f"output_dir={tmp_path / 'runs'}")
-    _run_until(proc, "round 1/20")
+    _run_until(proc, "round 1/1000")
     assert _ray_processes(ray_tmp)  # the run's own Ray is there to be cleaned up
     proc.send_signal(signal.SIGINT)  # Ctrl-C reaches the driver only, as from a terminal
     try:
