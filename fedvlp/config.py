@@ -160,6 +160,9 @@ class ResourcesSpec:
     startup_timeout_s: float = spec_field(
         600.0, "workers that have not loaded backbone and data by then fail loudly", gt=0)
     placement_timeout_s: float = spec_field(60.0, "fail if the run's actors cannot be placed within this", gt=0)
+    keep_warm_s: float = spec_field(
+        300.0, "on a running cluster (RAY_ADDRESS): a finished run's actors stay placed this long for the next run of "
+        "the same shape, which then starts without starting a process; 0 = stop them with the run", ge=0)
     cohort_placement: Literal["balanced", "home"] = spec_field(
         "balanced", "where a round's clients train: balanced (clients move from the busiest worker to the idlest "
         "while that shortens the round) or home (client k on worker k mod P, its data never read elsewhere)")

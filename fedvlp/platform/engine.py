@@ -32,6 +32,7 @@ from fedvlp.data.feature_cache import FeatureCache, array_digest, feature_key
 from fedvlp.errors import ConfigError, ResourceError, RoundFailedError
 from fedvlp.methods.declarations import Task
 from fedvlp.methods.registry import declaration
+from fedvlp.platform import warm
 from fedvlp.platform.checkpoint import decode, write_checkpoint
 from fedvlp.platform.clock import VirtualClock
 from fedvlp.platform.coordinator import Coordinator
@@ -97,7 +98,7 @@ def run_federated(spec, *, progress: bool = True, on_round=None, tags: dict | No
     cooccurring = cooccurring_pairs(data.dataset.train.labels) if task.multilabel else None
     history: list[dict] = []
     started_ray = finished = False
-    placement, bundle_offset = None, 0
+    placement, bundle_offset, loan = None, 0, None
     coordinator = pool = tracker = None
     opening = _open_tracker(spec, tags, resume, startup)  # the MLflow run opens while Ray starts
     try:
@@ -106,7 +107,7 @@ def run_federated(spec, *, progress: bool = True, on_round=None, tags: dict | No
         from fedvlp.plugins import actor_runtime_env
 
         started_ray = ensure_ray(spec.plugins)
-        placement, bundle_offset = _reserve(spec)
+        placement, bundle_offset, loan = _reserve(spec, started_ray)
         tic = phase("ray", tic)
         tracker = opening.result()
         run_dir = Path(spec.output_dir).resolve() / tracker.run_id  # checkpoint and spilled client states
@@ -114,16 +115,20 @@ def run_federated(spec, *, progress: bool = True, on_round=None, tags: dict | No
         coordinator_args = (spec.seed, spec.federation.clients, spec.federation.participation,
                             (str(run_dir / "client_states"), int(spec.resources.client_state_memory_mb * 2**20)),
                             resume["data"] if resume else None, tuple(spec.plugins))
-        parked = _take_parked(placement, spec) if bundle_offset else None
+        if loan is not None:  # a warm pool's actors, if it has any yet
+            parked = (loan.workers, loan.coordinator) if loan.workers else None
+        else:
+            parked = _take_parked(placement, spec) if bundle_offset else None
+        lifetime = "detached" if loan is not None else None  # a warm pool's actors outlive this driver
         pool = WorkerPool(spec, task, placement, bundle_offset, name=f"fedvlp-{tracker.run_id}", runtime_env=plugin_env,
-                          reuse=parked[0] if parked else None)
+                          reuse=parked[0] if parked else None, lifetime=lifetime)
         if parked:
             coordinator = parked[1]
             ray.get(coordinator.reset.remote(*coordinator_args))
         else:
             coordinator = Coordinator.options(  # type: ignore[attr-defined]  # a Ray actor class
                 num_cpus=spec.resources.coordinator_cpus, name=f"fedvlp-{tracker.run_id}-coordinator",
-                runtime_env=plugin_env,
+                runtime_env=plugin_env, lifetime=lifetime,
                 scheduling_strategy=PlacementGroupSchedulingStrategy(placement,
                                                                      placement_group_bundle_index=bundle_offset),
             ).remote(*coordinator_args)
@@ -137,7 +142,8 @@ def run_federated(spec, *, progress: bool = True, on_round=None, tags: dict | No
         cache_status = _attach_data(spec, data, pool, worker_info[0], say)
         tic = phase("features", tic)
         nodes = sorted({w["node_id"] for w in worker_info})
-        tracker.set_tags({**cache_status, "nodes": ",".join(nodes), "actors": "reused" if parked else "new"})
+        actors = ("warm" if loan is not None else "reused") if parked else "new"
+        tracker.set_tags({**cache_status, "nodes": ",".join(nodes), "actors": actors})
         say(f"fedvlp: {len(pool.actors)} workers ready on {len(nodes)} node(s); "
             f"{spec.federation.clients} clients, MLflow run {tracker.run_id}")
         evaluate = lambda: _evaluate(pool, coordinator, data, task, cooccurring)  # noqa: E731
@@ -195,12 +201,14 @@ def run_federated(spec, *, progress: bool = True, on_round=None, tags: dict | No
         _end_run(tracker or _opened(opening), "FAILED", {"error": error})
         raise
     finally:
-        if finished and bundle_offset and placement is not None and pool is not None:
+        if loan is not None:  # a finished run gives the warm pool back; any other leaves nothing to reuse
+            _return(loan, placement, pool, coordinator, spec.resources.keep_warm_s if finished else None)
+        elif finished and bundle_offset and placement is not None and pool is not None:
             # a Tune trial's actors: the next run in its placement group resets them
             _PARKED[placement.id.hex()] = (tuple(spec.plugins), pool.actors, coordinator)
         else:
             _kill(pool.actors if pool else [], coordinator)
-        if placement is not None and bundle_offset == 0 and ray.is_initialized():
+        if placement is not None and bundle_offset == 0 and loan is None and ray.is_initialized():
             remove_placement_group(placement)
         if started_ray:
             ray.shutdown()
@@ -217,6 +225,15 @@ def _take_parked(placement, spec) -> tuple[list, Any] | None:
         return workers, coordinator
     _kill(workers, coordinator)
     return None
+
+
+def _return(loan: warm.Loan, placement, pool: WorkerPool | None, coordinator, keep_s: float | None) -> None:
+    """Give a warm pool back for `keep_s` seconds, or (None: the run did not finish) remove its actors."""
+    if keep_s is not None and pool is not None and coordinator is not None:
+        call = loan.keeper.give_back.remote(placement, pool.actors, coordinator, keep_s)
+    else:
+        call = loan.keeper.discard.remote(placement)
+    ray.wait([call], timeout=10)  # delivered before this driver may exit
 
 
 def _kill(workers: list, coordinator) -> None:
@@ -463,22 +480,34 @@ def check_fits(spec, totals: dict[str, float], where: str) -> None:
             )
 
 
-def _reserve(spec):
-    """The placement group the run's actors go into: the Tune trial's, or one reserved here."""
+def _reserve(spec, started_ray: bool):
+    """(placement group, index of its first run bundle, warm pool loan): the Tune trial's group; a warm pool's,
+    borrowed on a running cluster (`fedvlp.platform.warm`); or one reserved here."""
     current = ray.util.get_current_placement_group()
     if current is not None:  # inside a Tune trial: bundle 0 is the trainable's own
-        return current, 1
+        return current, 1, None
+    loan = warm.borrow(spec) if warm.enabled(spec, started_ray) else None
+    if loan is not None and loan.placement is not None:
+        return loan.placement, 0, loan
     bundles = run_bundles(spec)
     check_fits(spec, ray.cluster_resources(), "the cluster")
-    group = placement_group(bundles, strategy="PACK")
+    if os.environ.get("RAY_ADDRESS") and not _fits(bundles, ray.available_resources()):
+        warm.give_way(spec)  # idle pools of other shapes hold what this run needs
+    group = placement_group(bundles, strategy="PACK", lifetime="detached" if loan is not None else None)
     ready, _ = ray.wait([group.ready()], timeout=spec.resources.placement_timeout_s)
     if not ready:
         remove_placement_group(group)
+        if loan is not None:
+            ray.get(loan.keeper.discard.remote())
         raise ResourceError(
             f"resources: could not place {len(bundles)} bundles {bundles[:2]}... within "
             f"{spec.resources.placement_timeout_s:g} s (available now: {ray.available_resources()})"
         )
-    return group, 0
+    return group, 0, loan
+
+
+def _fits(bundles: list[dict[str, float]], available: dict[str, float]) -> bool:
+    return all(sum(b.get(r, 0) for b in bundles) <= available.get(r, 0) + 1e-9 for r in ("CPU", "GPU"))
 
 
 def _feature_sets(data: FederatedData, feature_kind: str) -> list[tuple[str, Split, np.ndarray | None]]:

@@ -40,9 +40,10 @@ def wait_all(refs, what: str, timeout: float, knob: str = "resources.round_timeo
 
 class WorkerPool:
     def __init__(self, spec, task, placement, bundle_offset: int, name: str, runtime_env: dict | None = None,
-                 reuse: list | None = None):
+                 reuse: list | None = None, lifetime: str | None = None):
         self.spec, self.task, self.placement, self.bundle_offset, self.name = spec, task, placement, bundle_offset, name
         self.runtime_env = runtime_env  # ships the spec's plugins (fedvlp.plugins.actor_runtime_env)
+        self.lifetime = lifetime  # "detached": a warm pool's workers, replacements included, outlive the driver
         self.replacements = 0  # over the whole run
         self._data: list[tuple] = []  # per worker: the arguments of its `attach`
         self.home: dict[int, int] = {}
@@ -61,7 +62,7 @@ class WorkerPool:
         generation = f"-{self.replacements}" if self.replacements else ""  # a dead actor's name may linger
         return ClientWorker.options(  # type: ignore[attr-defined]  # a Ray actor class
             num_cpus=self.spec.resources.num_cpus, num_gpus=self.spec.resources.num_gpus,
-            name=f"{self.name}-worker-{index}{generation}", runtime_env=self.runtime_env,
+            name=f"{self.name}-worker-{index}{generation}", runtime_env=self.runtime_env, lifetime=self.lifetime,
             scheduling_strategy=PlacementGroupSchedulingStrategy(
                 self.placement, placement_group_bundle_index=self.bundle_offset + 1 + index),
         ).remote(self.spec, index, self.task)

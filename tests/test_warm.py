@@ -1,0 +1,145 @@
+"""Warm pools on a running cluster (`ray start --head`, then `fedvlp run` with RAY_ADDRESS): the second run of a
+shape borrows the first one's actors and ends with the same metrics; a run of another shape makes an idle pool give
+way; an idle pool ends after `resources.keep_warm_s`; an interrupted run leaves no pool behind."""
+import dataclasses
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+import ray
+from conftest import CLI_TIMEOUT_S
+from mlflow import MlflowClient
+
+from fedvlp.config import CONFIGS_DIR, load_spec
+from fedvlp.platform import warm
+
+SMALL = ["federation.rounds=2", "data.num_train=600", "resources.workers=1"]
+
+
+def test_a_pool_is_named_by_the_code_plugins_and_resources_not_by_the_method_or_data():
+    spec = load_spec(CONFIGS_DIR / "quickstart.yaml")
+    name = warm.pool_name(spec)
+    assert name.startswith("pool-") and len(name) == 21
+    other_run = load_spec(CONFIGS_DIR / "fedmpt_scenes.yaml", ["seed=3", "data.num_train=500"])
+    assert warm.pool_name(other_run) == name
+    for changed in (dataclasses.replace(spec, resources=dataclasses.replace(spec.resources, workers=3)),
+                    dataclasses.replace(spec, resources=dataclasses.replace(spec.resources, num_cpus=0.5)),
+                    dataclasses.replace(spec, plugins=("fedvlp_examples",))):
+        assert warm.pool_name(changed) != name
+
+
+def test_pools_serve_only_runs_that_attach_to_a_running_cluster(monkeypatch):
+    spec = load_spec(CONFIGS_DIR / "quickstart.yaml")
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    assert not warm.enabled(spec, started_ray=True)  # a private local Ray ends with the run
+    monkeypatch.setenv("RAY_ADDRESS", "auto")
+    assert warm.enabled(spec, started_ray=True)
+    assert not warm.enabled(spec, started_ray=False)  # the caller's Ray: its actors are the caller's business
+    off = dataclasses.replace(spec, resources=dataclasses.replace(spec.resources, keep_warm_s=0))
+    assert not warm.enabled(off, started_ray=True)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _kill_session(root: Path) -> None:
+    import psutil
+
+    for proc in psutil.process_iter(["cmdline"]):
+        if any(str(root) in part for part in proc.info["cmdline"] or []):
+            proc.kill()
+
+
+@pytest.fixture
+def head(tmp_path):
+    """A Ray head started as a user starts one (`ray start --head`), on free ports, in its own temp dir; its
+    processes killed at the end (`ray stop` would stop every Ray on the machine)."""
+    root = Path(tempfile.mkdtemp(prefix="rh", dir="/tmp"))  # Ray's socket paths must stay short
+    env = {**os.environ, "RAY_TMPDIR": str(root)}
+    subprocess.run([str(Path(sys.executable).parent / "ray"), "start", "--head", f"--port={_free_port()}", "--num-cpus=2", "--include-dashboard=false",
+                    f"--ray-client-server-port={_free_port()}", f"--dashboard-agent-listen-port={_free_port()}",
+                    "--disable-usage-stats"], env=env, check=True, capture_output=True, timeout=CLI_TIMEOUT_S)
+    try:
+        yield {**env, "RAY_ADDRESS": "auto"}  # the head in RAY_TMPDIR, as on a cluster's head node
+    finally:
+        _kill_session(root)
+
+
+def _run(env, tmp_path, *overrides, timeout=CLI_TIMEOUT_S) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "fedvlp", "run", "--quiet", *(f"--set={o}" for o in SMALL),
+                           f"--set=output_dir={tmp_path / 'runs'}", *(f"--set={o}" for o in overrides)],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def _runs(uri: str) -> list:
+    client = MlflowClient(uri)
+    return client.search_runs([e.experiment_id for e in client.search_experiments()], order_by=["start_time ASC"])
+
+
+def _placement_groups(env) -> dict[str, str]:
+    """The cluster's placement groups that hold resources: id -> state."""
+    code = ("import ray; ray.init(logging_level='ERROR', log_to_driver=False); "
+            "print({k: v['state'] for k, v in ray.util.placement_group_table().items() if v['state'] != 'REMOVED'})")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                         text=True, check=True, timeout=CLI_TIMEOUT_S).stdout
+    return eval(out.strip().splitlines()[-1])
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("tiny_clip")
+def test_a_second_run_borrows_the_warm_pool_and_matches_a_cold_run(head, tmp_path, tracking_uri):
+    env = {**head, "MLFLOW_TRACKING_URI": tracking_uri}
+    for _ in range(2):
+        done = _run(env, tmp_path)
+        assert done.returncode == 0, done.stderr[-3000:]
+    cold, warm_run = _runs(tracking_uri)
+    assert (cold.data.tags["actors"], warm_run.data.tags["actors"]) == ("new", "warm")
+    # the borrowed actors start afresh: the same numbers as new ones
+    for key in ("val_mAP", "test_mAP", "personal_mAP", "train_loss"):
+        assert warm_run.data.metrics[key] == cold.data.metrics[key], key
+    assert warm_run.data.metrics["startup_actors_seconds"] < cold.data.metrics["startup_actors_seconds"] / 2
+    assert len(_placement_groups(head)) == 1  # the pool's, kept for the next run
+
+    # a run of another shape: the idle pool gives its CPUs way (2 workers + coordinator need 2 of the 2 CPUs)
+    other = _run(env, tmp_path, "resources.workers=2", "resources.num_cpus=0.75", "resources.placement_timeout_s=20")
+    assert other.returncode == 0, other.stderr[-3000:]
+    assert _runs(tracking_uri)[-1].data.tags["actors"] == "new"
+
+    # an idle pool ends after keep_warm_s
+    short = _run(env, tmp_path, "resources.workers=2", "resources.num_cpus=0.75", "resources.keep_warm_s=2")
+    assert short.returncode == 0 and _runs(tracking_uri)[-1].data.tags["actors"] == "warm"
+    deadline = time.time() + 30
+    while _placement_groups(head) and time.time() < deadline:
+        time.sleep(1)
+    assert not _placement_groups(head)
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("tiny_clip")
+def test_an_interrupted_warm_run_leaves_no_pool_behind(head, tmp_path, tracking_uri):
+    env = {**head, "MLFLOW_TRACKING_URI": tracking_uri, "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen([sys.executable, "-m", "fedvlp", "run", *(f"--set={o}" for o in SMALL),
+                             "--set=federation.rounds=1000", f"--set=output_dir={tmp_path / 'runs'}"],
+                            cwd=tmp_path, env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            start_new_session=True)
+    try:
+        assert proc.stdout is not None
+        next(line for line in proc.stdout if line.startswith("round 1/1000"))
+        proc.send_signal(signal.SIGINT)
+        out, _ = proc.communicate(timeout=CLI_TIMEOUT_S)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 130, out[-3000:]
+    assert _runs(tracking_uri)[-1].info.status == "KILLED"
+    assert not _placement_groups(head)  # its actors may be mid-round: never lent again
+    assert not ray.is_initialized()
