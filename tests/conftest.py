@@ -20,6 +20,11 @@ os.environ.pop("RAY_ADDRESS", None)
 os.environ.pop("MLFLOW_TRACKING_URI", None)
 os.environ.pop("FEDVLP_PLUGINS", None)
 CLI_TIMEOUT_S = 300  # well below pytest's per-test timeout (pyproject), so a test's own cleanup always runs
+# `python -m fedvlp` as from a terminal, where Ctrl-C interrupts it: a shell without job control starts a background
+# job with SIGINT ignored, and a Python started so keeps ignoring it, so CI launched that way would lose the signal
+INTERRUPTIBLE_FEDVLP = [sys.executable, "-c", "import runpy, signal, sys; signal.signal(signal.SIGINT, "
+                        "signal.default_int_handler); sys.argv[0] = 'fedvlp'; runpy.run_module('fedvlp', "
+                        "run_name='__main__', alter_sys=True)"]
 
 
 # Whole sweeps and tuning runs first, so the two test processes end together instead of one waiting on them.

@@ -4,7 +4,6 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -13,7 +12,7 @@ from pathlib import Path
 import pytest
 import ray
 import torch
-from conftest import CLI_TIMEOUT_S, small_run
+from conftest import CLI_TIMEOUT_S, INTERRUPTIBLE_FEDVLP, small_run
 from mlflow import MlflowClient
 
 from fedvlp.errors import RoundFailedError
@@ -161,7 +160,7 @@ def test_the_virtual_clock_leaves_out_slow_devices_reproducibly(ray_cluster, tra
 # ---------------------------------------------------------------- the driver killed mid-run, or interrupted
 
 def _fedvlp(tmp_path, env, *args, **kwargs):
-    return subprocess.Popen([sys.executable, "-m", "fedvlp", *args], cwd=tmp_path, env=env, text=True,
+    return subprocess.Popen([*INTERRUPTIBLE_FEDVLP, *args], cwd=tmp_path, env=env, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True, **kwargs)
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import ray
-from conftest import CLI_TIMEOUT_S
+from conftest import CLI_TIMEOUT_S, INTERRUPTIBLE_FEDVLP
 from mlflow import MlflowClient
 
 from fedvlp.config import CONFIGS_DIR, load_spec
@@ -65,7 +65,8 @@ def head(tmp_path):
     processes killed at the end (`ray stop` would stop every Ray on the machine)."""
     root = Path(tempfile.mkdtemp(prefix="rh", dir="/tmp"))  # Ray's socket paths must stay short
     env = {**os.environ, "RAY_TMPDIR": str(root)}
-    subprocess.run([str(Path(sys.executable).parent / "ray"), "start", "--head", f"--port={_free_port()}", "--num-cpus=2", "--include-dashboard=false",
+    ray_cli = str(Path(sys.executable).parent / "ray")
+    subprocess.run([ray_cli, "start", "--head", f"--port={_free_port()}", "--num-cpus=2", "--include-dashboard=false",
                     f"--ray-client-server-port={_free_port()}", f"--dashboard-agent-listen-port={_free_port()}",
                     "--disable-usage-stats"], env=env, check=True, capture_output=True, timeout=CLI_TIMEOUT_S)
     try:
@@ -127,7 +128,7 @@ def test_a_second_run_borrows_the_warm_pool_and_matches_a_cold_run(head, tmp_pat
 @pytest.mark.usefixtures("tiny_clip")
 def test_an_interrupted_warm_run_leaves_no_pool_behind(head, tmp_path, tracking_uri):
     env = {**head, "MLFLOW_TRACKING_URI": tracking_uri, "PYTHONUNBUFFERED": "1"}
-    proc = subprocess.Popen([sys.executable, "-m", "fedvlp", "run", *(f"--set={o}" for o in SMALL),
+    proc = subprocess.Popen([*INTERRUPTIBLE_FEDVLP, "run", *(f"--set={o}" for o in SMALL),
                              "--set=federation.rounds=1000", f"--set=output_dir={tmp_path / 'runs'}"],
                             cwd=tmp_path, env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             start_new_session=True)
