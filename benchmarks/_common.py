@@ -163,6 +163,39 @@ def tree_cpu_seconds() -> float:
     return total
 
 
+@contextmanager
+def ray_head(cpus: int):
+    """A running cluster, as a user starts one (`ray start --head`; free ports, its own temp dir): while the block
+    runs, RAY_ADDRESS and RAY_TMPDIR point at it, so `fedvlp run` and `run_federated` attach to it. Its processes
+    are killed at the end (`ray stop` would stop every Ray on the machine)."""
+    import shutil
+    import socket
+    import subprocess
+
+    def free_port() -> int:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            return s.getsockname()[1]
+
+    root = tempfile.mkdtemp(prefix="rh", dir="/tmp")  # Ray's socket paths must stay short
+    saved = {key: os.environ.get(key) for key in ("RAY_ADDRESS", "RAY_TMPDIR")}
+    os.environ.update(RAY_TMPDIR=root)
+    try:
+        subprocess.run([str(Path(sys.executable).parent / "ray"), "start", "--head", f"--port={free_port()}",
+                        f"--num-cpus={cpus}", "--include-dashboard=false", f"--ray-client-server-port={free_port()}",
+                        f"--dashboard-agent-listen-port={free_port()}", "--disable-usage-stats"],
+                       check=True, capture_output=True)
+        os.environ["RAY_ADDRESS"] = "auto"  # the head in RAY_TMPDIR
+        yield root
+    finally:
+        for proc in psutil.process_iter(["cmdline"]):
+            if any(root in part for part in proc.info["cmdline"] or []):
+                proc.kill()
+        for key, value in saved.items():
+            os.environ.pop(key, None) if value is None else os.environ.__setitem__(key, value)
+        shutil.rmtree(root, ignore_errors=True)
+
+
 class RoundClock:
     """Wall and CPU seconds when made (the run starts) and at the end of every round; pass it as `on_round`."""
 

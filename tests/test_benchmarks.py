@@ -271,6 +271,9 @@ def test_startup_at_tiny_size(results, ray_cluster):
     r = tiny_run("startup", results)
     assert len(r["runs"]) == 1 and r["shell_median_s"] > 0 and r["cpu_s"] > 0
     assert set(r["alone_cpu_s"]) == {"driver imports", "client worker", "coordinator", "ray.init"}
+    warm = r["warm"]  # the shell runs attached to a head started for the benchmark and borrowed its warm pool
+    assert len(warm["shell_s"]) == 1 and 0 < warm["logged_startup_s"]["startup_seconds"] < warm["shell_median_s"]
+    assert warm["logged_startup_s"]["startup_actors_seconds"] > 0 and warm["target_s"] == 3.0
     rendered("startup", r)
 
 
