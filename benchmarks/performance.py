@@ -22,7 +22,8 @@ import _common as common
 PAGE = Path(__file__).resolve().parent.parent / "docs" / "performance.md"
 BLOCK = re.compile(r"(<!-- performance:(?P<name>[\w-]+) -->\n)(?P<body>.*?)(<!-- /performance:(?P=name) -->)", re.S)
 METHODS = {"promptfl": "PromptFL", "fedmpt": "FedMPT"}
-ARM_NAMES = {"fedvlp": "fedvlp", "bare": "bare loop", "flower": "Flower (docs)",
+ARM_NAMES = {"fedvlp": "fedvlp (cold)", "fedvlp_warm": "fedvlp (warm cluster)", "bare": "bare loop",
+             "flower": "Flower (docs)",
              "flower_cached": "Flower (cached)"}
 
 
@@ -51,7 +52,8 @@ def caption(record: dict, workload: str = "") -> str:
 def overhead(r: dict) -> list[str]:
     workloads = [(method, length, w) for method, lengths in r["methods"].items() for length, w in lengths.items()]
     arms = list(workloads[0][2]["arms"])
-    others = [arm for arm in arms if arm != "fedvlp"]
+    ours = [arm for arm in arms if arm.startswith("fedvlp")]
+    pairs = [(a, o) for a in ours for o in arms if not o.startswith("fedvlp")]
     totals, runs = [], []
     for method, length, w in workloads:
         label = f"{METHODS.get(method, method)}, {length.split('_')[0]} rounds"
@@ -60,9 +62,9 @@ def overhead(r: dict) -> list[str]:
             spread = w["totals_s"][arm]
             cells.append(f"{w['arms'][arm]['total_s']:.1f} s"
                          + (f" ({min(spread):.1f}–{max(spread):.1f})" if len(spread) > 1 else ""))
-        for other in others:
-            ratio, goal = w["ratios"][f"fedvlp/{other}"]["total"], w["targets"][other]
-            cells.append(f"{ratio:.2f}× (≤ {goal:g}: {verdict(ratio, goal)})")
+        for arm, other in pairs:
+            ratio, goal = w["ratios"][f"{arm}/{other}"]["total"], w["targets"][other]
+            cells.append(f"{ratio:.2f}×" + ("" if goal is None else f" (≤ {goal:g}: {verdict(ratio, goal)})"))
         work = w["work"]
         cells.append(f"{'yes' if work['same_local_steps'] else 'NO'}, {'yes' if work['same_cohorts'] else 'NO'}")
         gap = work["max_metric_gap_to_fedvlp"].get("bare")
@@ -75,7 +77,7 @@ def overhead(r: dict) -> list[str]:
                 f"{r['workers']} fedvlp workers = bare-loop processes = Flower actors, each arm's run of median total "
                 f"time over {r['repeats']} run(s)")
     skipped = "".join(f" {ARM_NAMES[arm]}: not run ({why})." for arm, why in r["skipped"].items())
-    return [*table(["workload", *(ARM_NAMES[a] for a in arms), *(f"fedvlp / {ARM_NAMES[o]}" for o in others),
+    return [*table(["workload", *(ARM_NAMES[a] for a in arms), *(f"{ARM_NAMES[a]} / {ARM_NAMES[o]}" for a, o in pairs),
                     "same local steps, cohorts", "bare's metrics vs fedvlp's"], totals), "",
             *table(["workload", "arm", "start-up s", "round 1 s", "median round s", "median round CPU s",
                     "local steps", "final test mAP"], runs), "", caption(r, workload) + skipped]

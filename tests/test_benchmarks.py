@@ -219,12 +219,16 @@ def test_overhead_at_tiny_size(results):
     r = read_record(results, "overhead", "python benchmarks/overhead.py --tiny")
     w = r["methods"]["promptfl"]["2_rounds"]
     flower = importlib.util.find_spec("flwr") is not None
-    arms = ["fedvlp", "bare", *(["flower", "flower_cached"] if flower else [])]
+    arms = ["fedvlp", "fedvlp_warm", "bare", *(["flower", "flower_cached"] if flower else [])]
     assert list(w["arms"]) == arms and set(r["skipped"]) == (set() if flower else {"flower", "flower_cached"})
     # every arm did the same work: the same cohorts and local optimizer steps, the same evaluation sets
     assert w["work"]["same_local_steps"] and w["work"]["same_cohorts"] and w["arms"]["fedvlp"]["local_steps"] > 0
     assert all(set(a["final"]) == set(w["arms"]["fedvlp"]["final"]) for a in w["arms"].values())
     assert w["ratios"]["bare_matches_fedvlp"] and "bare vs fedvlp final metrics: identical" in out
+    # the warm arm borrowed its actors from the running cluster's pool, and computed what the cold arm did
+    assert (w["arms"]["fedvlp"]["actors"], w["arms"]["fedvlp_warm"]["actors"]) == ("new", "warm")
+    assert w["arms"]["fedvlp_warm"]["final"] == w["arms"]["fedvlp"]["final"]
+    assert {"fedvlp/bare", "fedvlp_warm/bare"} <= set(w["ratios"])
     assert all(gap < 1e-3 for gap in w["work"]["max_metric_gap_to_fedvlp"].values())  # Flower: numpy's FedAvg
     rendered("overhead", r)
 
