@@ -42,8 +42,8 @@ def spy_on_aggregation(monkeypatch) -> None:
     arrived. The actor runs in another process; a class defined in a function is shipped to it by value."""
 
     class Spy(engine.Coordinator.__ray_actor_class__):  # the class behind the Ray actor class
-        def __init__(self, seed, num_clients, participation, client_store, *args):
-            super().__init__(seed, num_clients, participation, client_store, *args)
+        def __init__(self, seed, client_store, *args):
+            super().__init__(seed, client_store, *args)
             self.record = Path(client_store[0]).parent / "aggregate-inputs"  # beside the run's spilled states
 
         def aggregate(self, round_index, cohort, *client_updates):

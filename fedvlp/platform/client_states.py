@@ -40,6 +40,9 @@ class ClientStateStore:
     def _file(self, client_id: int, round_index: int) -> Path:
         return self.spill_dir / f"client{client_id}-round{round_index}.safetensors"
 
+    def __len__(self) -> int:
+        return len(self.in_memory.keys() | self.on_disk.keys())
+
     def get(self, client_id: int) -> dict | None:
         if client_id in self.in_memory:
             return self.in_memory[client_id]

@@ -15,8 +15,6 @@ from typing import TYPE_CHECKING
 
 import ray
 
-from fedvlp.platform.sampling import sample_cohort
-
 if TYPE_CHECKING:
     import torch
 
@@ -30,8 +28,8 @@ class Coordinator:
 
     The driver imports this module for the actor class only: what needs torch is imported in the methods."""
 
-    def __init__(self, seed: int, num_clients: int, participation: float, client_store: tuple[str, int],
-                 checkpoint: bytes | None = None, plugins: tuple[str, ...] = ()):
+    def __init__(self, seed: int, client_store: tuple[str, int], checkpoint: bytes | None = None,
+                 plugins: tuple[str, ...] = ()):
         from fedvlp.platform import checkpoint as checkpoints
         from fedvlp.platform.client_states import ClientStateStore
         from fedvlp.plugins import load_plugins
@@ -40,7 +38,7 @@ class Coordinator:
         new_process_seed()  # remembered before anything reseeds torch (`reset_reused_actor`)
         load_plugins(plugins)  # a plugin's server rule must be registered in this process too
         resumed = checkpoints.decode(checkpoint) if checkpoint is not None else None
-        self.seed, self.num_clients, self.participation = seed, num_clients, participation
+        self.seed = seed
         self.rule_states: dict[str, dict] = resumed.get("rule_states", {}) if resumed else {}
         spill_dir, budget_bytes = client_store
         self.client_states = ClientStateStore(spill_dir, budget_bytes, resumed["clients"] if resumed else None)
@@ -60,9 +58,6 @@ class Coordinator:
         self.rules = rules  # parameter name -> server rule (global parameters only)
         self.rule_options = rule_options  # rule name -> its options dataclass
         self.privacy = privacy or {"clip_norm": None, "noise_multiplier": None, "secure": False, "weighting": "samples"}
-
-    def sample_cohort(self, round_index: int) -> list[int]:
-        return sample_cohort(self.seed, round_index, self.num_clients, self.participation)
 
     def global_state(self) -> dict[str, torch.Tensor]:
         return self.state
@@ -120,6 +115,7 @@ class Coordinator:
             "bytes_down": len(updates) * broadcast_bytes,
             "server": diagnostics,  # what the server rules report about the round (e.g. the clustering's)
             "timings": [(u.client_id, u.worker, u.started, u.finished) for u in updates],
+            "client_states_kept": len(self.client_states) > 0,  # else the driver stops asking for them
         }
 
     def _private_inputs(self, round_index: int, cohort: list[int], updates: list[ClientUpdate]):

@@ -13,6 +13,7 @@ over the clients).
 """
 from __future__ import annotations
 
+import functools
 import os
 import sys
 import time
@@ -38,6 +39,7 @@ from fedvlp.platform.clock import VirtualClock
 from fedvlp.platform.coordinator import Coordinator
 from fedvlp.platform.metrics import cooccurring_pairs, multilabel_metrics, single_label_metrics
 from fedvlp.platform.pool import WorkerPool, wait_all
+from fedvlp.platform.sampling import sample_cohort
 from fedvlp.platform.tracking import RunTracker
 
 
@@ -112,7 +114,7 @@ def run_federated(spec, *, progress: bool = True, on_round=None, tags: dict | No
         tracker = opening.result()
         run_dir = Path(spec.output_dir).resolve() / tracker.run_id  # checkpoint and spilled client states
         plugin_env = actor_runtime_env(spec.plugins)
-        coordinator_args = (spec.seed, spec.federation.clients, spec.federation.participation,
+        coordinator_args = (spec.seed,
                             (str(run_dir / "client_states"), int(spec.resources.client_state_memory_mb * 2**20)),
                             resume["data"] if resume else None, tuple(spec.plugins))
         if loan is not None:  # a warm pool's actors, if it has any yet
@@ -161,17 +163,24 @@ def run_federated(spec, *, progress: bool = True, on_round=None, tags: dict | No
             tracker.log_metrics(0, {"startup_seconds": time.perf_counter() - started, **startup, **initial,
                                     "trainable_params": method["trainable_params"], **_privacy_metrics(privacy, 0)})
             say(f"round 0/{spec.federation.rounds}  " + _headline(initial) + "  (before training)")
+        def checkpoint_call(final: dict):
+            return coordinator.checkpoint.remote({"run_id": tracker.run_id, "initial": initial, "final": final,
+                                                  "virtual_clock_seconds": clock.elapsed if clock else 0.0})
+
         for round_index in range(first_round, spec.federation.rounds + 1):
             tic = time.perf_counter()
-            metrics, failures = _train_round(spec, round_index, coordinator, pool, clock, privacy)
+            evaluated = round_index % spec.federation.eval_every == 0 or round_index == spec.federation.rounds
+            # a round without evaluation asks for its checkpoint with its aggregation: one wait, not two
+            then = None if evaluated else functools.partial(checkpoint_call, final)
+            metrics, failures, saved_ref = _train_round(spec, round_index, coordinator, pool, clock, privacy, then)
             metrics.update(_privacy_metrics(privacy, round_index))
             if failures:
                 tracker.set_tags({f"failure.round{round_index}.client{cid}": cause[:5000] for cid, cause in failures})
-            if round_index % spec.federation.eval_every == 0 or round_index == spec.federation.rounds:
+            if evaluated:
                 final = evaluate()
                 metrics.update(final)
-            saved = ray.get(coordinator.checkpoint.remote({"run_id": tracker.run_id, "initial": initial, "final": final,
-                                                           "virtual_clock_seconds": clock.elapsed if clock else 0.0}))
+                saved_ref = checkpoint_call(final)
+            saved = ray.get(saved_ref)
             write_checkpoint(checkpoint, saved)
             metrics["round_seconds"] = time.perf_counter() - tic
             timings = metrics.pop("timings")
@@ -274,10 +283,11 @@ def _end_run(tracker: RunTracker | None, status: str, tags: dict | None = None) 
 
 
 def _train_round(spec, round_index: int, coordinator, pool: WorkerPool, clock: VirtualClock | None,
-                 privacy: dict):
-    """One round of local updates on the cohort, aggregated by the coordinator: (its metrics, its failures)."""
+                 privacy: dict, then=None):
+    """One round of local updates on the cohort, aggregated by the coordinator: (its metrics, its failures, the
+    ref of `then()`, a coordinator call made right after the aggregation and awaited with it, or None)."""
     federation = spec.federation
-    sampled = ray.get(coordinator.sample_cohort.remote(round_index))
+    sampled = sample_cohort(spec.seed, round_index, federation.clients, federation.participation)
     cohort, late, metrics = sampled, list[int](), dict[str, Any]()
     if clock is not None:  # stragglers are known from the simulated clock before any work: they are not trained
         cohort, late, simulated = clock.run_round(sampled, federation.round_deadline_s)
@@ -293,14 +303,17 @@ def _train_round(spec, round_index: int, coordinator, pool: WorkerPool, clock: V
             f"round {round_index}: {len(arrived)} of {len(sampled)} client updates arrived "
             f"({len(failures)} failed, {len(late)} late), below federation.min_clients_per_round="
             f"{federation.min_clients_per_round}" + (f" ({why})" if why else ""))
-    summary = wait_all([coordinator.aggregate.remote(round_index, cohort, *arrived)],
-                       f"round {round_index} aggregation", spec.resources.round_timeout_s)[0]
+    calls = [coordinator.aggregate.remote(round_index, cohort, *arrived)]
+    calls += [then()] if then is not None else []  # the actor runs its calls in order: after the aggregation
+    wait_all(calls, f"round {round_index} aggregation", spec.resources.round_timeout_s, fetch=False)
+    summary = ray.get(calls[0])
+    pool.client_states_kept = summary["client_states_kept"]
     metrics.update(train_loss=summary["train_loss"], local_steps=summary["local_steps"],
                    bytes_up=summary["bytes_up"], bytes_down=summary["bytes_down"],
                    clients=len(summary["clients"]), failed_clients=len(failures), late_clients=len(late),
                    replaced_workers=replaced, timings=summary["timings"], **summary["server"],
                    **{f"train_{name}": value for name, value in summary["stats"].items()})
-    return metrics, failures
+    return metrics, failures, calls[1] if then is not None else None
 
 
 def _collect_updates(spec, round_index: int, cohort: list[int], coordinator, pool: WorkerPool,
@@ -321,8 +334,11 @@ def _collect_updates(spec, round_index: int, cohort: list[int], coordinator, poo
     if federation.round_deadline_s is not None and not federation.virtual_clock.enabled:
         deadline = min(start + federation.round_deadline_s, give_up)
     pending, attempts, placed = {}, {cid: 0 for cid in cohort}, pool.place(cohort)
-    state_refs = coordinator.cohort_client_states.options(num_returns=len(cohort)).remote(cohort)
-    client_states = dict(zip(cohort, state_refs if len(cohort) > 1 else [state_refs]))
+    if pool.client_states_kept:
+        state_refs = coordinator.cohort_client_states.options(num_returns=len(cohort)).remote(cohort)
+        client_states = dict(zip(cohort, state_refs if len(cohort) > 1 else [state_refs]))
+    else:  # the method keeps no client-local state: nothing to fetch
+        client_states = dict.fromkeys(cohort)
 
     def submit(cid: int) -> None:
         status, update, actor = pool.submit(round_index, cid, placed[cid], state_ref, client_states[cid], deadline,

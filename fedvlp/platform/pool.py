@@ -49,6 +49,7 @@ class WorkerPool:
         self.home: dict[int, int] = {}
         self.cost: list[int] = []  # per client: local steps per epoch, what `balance_cohort` weighs
         self.local_test_clients: set[int] = set()
+        self.client_states_kept = True  # until an aggregation says the coordinator holds none (`_collect_updates`)
         if reuse:  # the workers a finished run left in this placement group, started afresh in their processes
             wait_all([actor.reset.remote(spec, w, task) for w, actor in enumerate(reuse)], "reset of the reused client "
                      "workers", spec.resources.startup_timeout_s, "resources.startup_timeout_s")
