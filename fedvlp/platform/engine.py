@@ -111,23 +111,26 @@ def run_federated(spec, *, progress: bool = True, on_round=None, tags: dict | No
         started_ray = ensure_ray(spec.plugins)
         placement, bundle_offset, loan = _reserve(spec, started_ray)
         tic = phase("ray", tic)
-        tracker = opening.result()
-        run_dir = Path(spec.output_dir).resolve() / tracker.run_id  # checkpoint and spilled client states
         plugin_env = actor_runtime_env(spec.plugins)
-        coordinator_args = (spec.seed,
-                            (str(run_dir / "client_states"), int(spec.resources.client_state_memory_mb * 2**20)),
-                            resume["data"] if resume else None, tuple(spec.plugins))
         if loan is not None:  # a warm pool's actors, if it has any yet
             parked = (loan.workers, loan.coordinator) if loan.workers else None
         else:
             parked = _take_parked(placement, spec) if bundle_offset else None
         lifetime = "detached" if loan is not None else None  # a warm pool's actors outlive this driver
-        pool = WorkerPool(spec, task, placement, bundle_offset, name=f"fedvlp-{tracker.run_id}", runtime_env=plugin_env,
-                          reuse=parked[0] if parked else None, lifetime=lifetime)
+        pool = WorkerPool(spec, task, placement, bundle_offset, runtime_env=plugin_env, lifetime=lifetime)
+        if parked:
+            pool.reuse(parked[0])  # while the MLflow run opens
+        tracker = opening.result()
+        pool.name = f"fedvlp-{tracker.run_id}"
+        run_dir = Path(spec.output_dir).resolve() / tracker.run_id  # checkpoint and spilled client states
+        coordinator_args = (spec.seed,
+                            (str(run_dir / "client_states"), int(spec.resources.client_state_memory_mb * 2**20)),
+                            resume["data"] if resume else None, tuple(spec.plugins))
         if parked:
             coordinator = parked[1]
             ray.get(coordinator.reset.remote(*coordinator_args))
         else:
+            pool.start()
             coordinator = Coordinator.options(  # type: ignore[attr-defined]  # a Ray actor class
                 num_cpus=spec.resources.coordinator_cpus, name=f"fedvlp-{tracker.run_id}-coordinator",
                 runtime_env=plugin_env, lifetime=lifetime,

@@ -39,9 +39,10 @@ def wait_all(refs, what: str, timeout: float, knob: str = "resources.round_timeo
 
 
 class WorkerPool:
-    def __init__(self, spec, task, placement, bundle_offset: int, name: str, runtime_env: dict | None = None,
-                 reuse: list | None = None, lifetime: str | None = None):
-        self.spec, self.task, self.placement, self.bundle_offset, self.name = spec, task, placement, bundle_offset, name
+    def __init__(self, spec, task, placement, bundle_offset: int, runtime_env: dict | None = None,
+                 lifetime: str | None = None):
+        self.spec, self.task, self.placement, self.bundle_offset = spec, task, placement, bundle_offset
+        self.name = "fedvlp"  # the run's prefix of its actors' names (`ray list actors`), set once the run has an id
         self.runtime_env = runtime_env  # ships the spec's plugins (fedvlp.plugins.actor_runtime_env)
         self.lifetime = lifetime  # "detached": a warm pool's workers, replacements included, outlive the driver
         self.replacements = 0  # over the whole run
@@ -50,12 +51,18 @@ class WorkerPool:
         self.cost: list[int] = []  # per client: local steps per epoch, what `balance_cohort` weighs
         self.local_test_clients: set[int] = set()
         self.client_states_kept = True  # until an aggregation says the coordinator holds none (`_collect_updates`)
-        if reuse:  # the workers a finished run left in this placement group, started afresh in their processes
-            wait_all([actor.reset.remote(spec, w, task) for w, actor in enumerate(reuse)], "reset of the reused client "
-                     "workers", spec.resources.startup_timeout_s, "resources.startup_timeout_s")
-            self.actors = list(reuse)
-        else:
-            self.actors = [self._start(w) for w in range(spec.resources.workers)]
+        self.actors: list = []
+
+    def start(self) -> None:
+        self.actors = [self._start(w) for w in range(self.spec.resources.workers)]
+
+    def reuse(self, actors: list) -> None:
+        """The workers a finished run left (in a Tune trial's placement group or a warm pool), started afresh in
+        their processes."""
+        wait_all([actor.reset.remote(self.spec, w, self.task) for w, actor in enumerate(actors)],
+                 "reset of the reused client workers", self.spec.resources.startup_timeout_s,
+                 "resources.startup_timeout_s")
+        self.actors = list(actors)
 
     def _start(self, index: int):
         """Worker `index` in its own bundle; named (`ray list actors`) so drills and tests can reach it (a worker
