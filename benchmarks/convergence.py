@@ -1,9 +1,9 @@
-"""Are the multi-label studies' 5 rounds enough? Each method's tuned config run longer, its val mAP every round.
+"""Are the multi-label studies' 10 rounds enough? Each method's tuned config run longer, its val mAP every round.
 
 Runs fedvlp's bare loop (the engine's partition, cohorts, per-(round, client) generators and server rules, no
 Ray) on the tuned configs' settings (label skew t = 0.5, 10 clients, 2,000 training images), scoring val, never test.
-Prints, per method, the val mAP at round 0, at the studies' round 5 and at the last round, mean over seeds, and
-the gain after round 5. Writes benchmarks/results/convergence.json.
+Prints, per method, the val mAP at round 0, at the studies' round 10 and at the last round, mean over seeds, and
+the gain after round 10. Writes benchmarks/results/convergence.json.
 Run: python benchmarks/convergence.py [--rounds 20] [--seeds 0 1 2]   (~10 min per seed on 2 cores)
 """
 from __future__ import annotations
@@ -16,7 +16,7 @@ import numpy as np
 from _common import bench_spec, machine, parse_args, run_bare, write_results
 
 CONFIGS = ("quickstart", "fedmpt_scenes", "dualcoop_scenes", "fedotp_scenes", "fedtpg_scenes", "fedlora_scenes")
-STUDY_ROUNDS = 5
+STUDY_ROUNDS = 10
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -245,7 +245,7 @@ def _return(loan: warm.Loan, placement, pool: WorkerPool | None, coordinator, ke
         call = loan.keeper.give_back.remote(placement, pool.actors, coordinator, keep_s)
     else:
         call = loan.keeper.discard.remote(placement)
-    ray.wait([call], timeout=10)  # delivered before this driver may exit
+    ray.wait([call], timeout=2)  # delivered before this driver may exit, without holding its exit up
 
 
 def _kill(workers: list, coordinator) -> None:
