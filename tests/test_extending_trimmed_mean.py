@@ -63,8 +63,7 @@ def test_the_coordinator_trims_the_group_its_prefix_aims_at_and_averages_the_res
     from fedvlp.platform.coordinator import Coordinator
 
     states, sizes = client_states(5, seed=1), [30, 10, 50, 20, 40]
-    coordinator = Coordinator.__ray_actor_class__(0, 5, 1.0, (str(tmp_path / "states"), 2**20), None,
-                                                  ("fedvlp_examples",))
+    coordinator = Coordinator.__ray_actor_class__(0, (str(tmp_path / "states"), 2**20), None, ("fedvlp_examples",))
     coordinator.begin({k: torch.zeros_like(v) for k, v in states[0].items()}, {"ctx": "trimmed_mean",
                                                                                "scale": "fedavg"},
                       {"trimmed_mean": trimmed_mean_registered.options(proportion=0.2)})
