@@ -4,19 +4,20 @@ way; an idle pool ends after `resources.keep_warm_s`; an interrupted run leaves 
 import dataclasses
 import os
 import signal
-import socket
 import subprocess
 import sys
-import tempfile
 import time
-from pathlib import Path
 
 import pytest
-from conftest import CLI_TIMEOUT_S, INTERRUPTIBLE_FEDVLP
+from conftest import CLI_TIMEOUT_S, INTERRUPTIBLE_FEDVLP, REPO
 from mlflow import MlflowClient
 
 from fedvlp.config import CONFIGS_DIR, load_spec
-from fedvlp.platform import warm
+
+sys.path.insert(0, str(REPO / "benchmarks"))
+import _common as common  # noqa: E402
+
+from fedvlp.platform import warm  # noqa: E402
 
 SMALL = ["federation.rounds=2", "data.num_train=600", "resources.workers=1"]
 
@@ -44,34 +45,12 @@ def test_pools_serve_only_runs_that_attach_to_a_running_cluster(monkeypatch):
     assert not warm.enabled(off, started_ray=True)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _kill_session(root: Path) -> None:
-    import psutil
-
-    for proc in psutil.process_iter(["cmdline"]):
-        if any(str(root) in part for part in proc.info["cmdline"] or []):
-            proc.kill()
-
-
 @pytest.fixture
-def head(tmp_path):
-    """A Ray head started as a user starts one (`ray start --head`), on free ports, in its own temp dir; its
-    processes killed at the end (`ray stop` would stop every Ray on the machine)."""
-    root = Path(tempfile.mkdtemp(prefix="rh", dir="/tmp"))  # Ray's socket paths must stay short
-    env = {**os.environ, "RAY_TMPDIR": str(root)}
-    ray_cli = str(Path(sys.executable).parent / "ray")
-    subprocess.run([ray_cli, "start", "--head", f"--port={_free_port()}", "--num-cpus=2", "--include-dashboard=false",
-                    f"--ray-client-server-port={_free_port()}", f"--dashboard-agent-listen-port={_free_port()}",
-                    "--disable-usage-stats"], env=env, check=True, capture_output=True, timeout=CLI_TIMEOUT_S)
-    try:
-        yield {**env, "RAY_ADDRESS": "auto"}  # the head in RAY_TMPDIR, as on a cluster's head node
-    finally:
-        _kill_session(root)
+def head():
+    """A Ray head started as a user starts one (`ray start --head`; the benchmarks' helper): the environment that
+    attaches to it."""
+    with common.ray_head(2):
+        yield dict(os.environ)
 
 
 def _run(env, tmp_path, *overrides, timeout=CLI_TIMEOUT_S) -> subprocess.CompletedProcess:
