@@ -99,6 +99,10 @@ def _parser() -> argparse.ArgumentParser:
                                          "sweep's metric, e.g. val_mAP)")
     report.add_argument("--reference", help="method the paired differences are taken against (default: the space "
                                             "file's reference)")
+    report.add_argument("--change", metavar="KEY=FROM:TO",
+                        help="also write change_KEY.md/.csv: each method's change in the metric from one value of a "
+                             "swept key to another, paired over seeds, and its difference to the reference's change "
+                             "(e.g. federation.participation=1.0:0.1, who loses least)")
     report.add_argument("--out", help="output folder (default: reports/EXPERIMENT)")
     report.add_argument("--tracking-uri", help="MLflow store (default: $MLFLOW_TRACKING_URI or ./mlflow.db)")
 
@@ -363,9 +367,9 @@ def _report(args) -> None:
     from fedvlp.platform.tracking import check_tracking_store
 
     if args.page:
-        if args.experiment or args.metric or args.reference or args.out or args.tracking_uri:
+        if args.experiment or args.metric or args.reference or args.change or args.out or args.tracking_uri:
             raise FedvlpError("report --page DIR rebuilds a page from DIR's files alone; expected no EXPERIMENT, "
-                              "--metric, --reference, --out or --tracking-uri with it")
+                              "--metric, --reference, --change, --out or --tracking-uri with it")
         for folder in args.page:
             print(f"page: {write_pages(folder)}")
         return
@@ -375,7 +379,7 @@ def _report(args) -> None:
     uri = args.tracking_uri or default_tracking_uri()
     check_tracking_store(uri, "--tracking-uri" if args.tracking_uri else _tracking_source(None))
     files = make_report(uri, args.experiment, args.out or f"reports/{args.experiment}", metric=args.metric,
-                        reference=args.reference)
+                        reference=args.reference, change=args.change)
     for name, path in files.items():
         print(f"{name:>24}: {path}")
     _dashboard(uri, args.experiment, metric=args.metric or _selection_metric(uri, args.experiment))

@@ -69,6 +69,30 @@ def _csv(path):
         return list(csv.DictReader(f))
 
 
+def test_change_table_pairs_each_method_over_seeds_and_against_the_reference(sweep, tracking_uri, tmp_path):
+    files = make_report(tracking_uri, "sweep-heterogeneity", tmp_path / "report", change="federation.heterogeneity=0:1")
+    rows = {(r["metric"], r["method"]): r for r in _csv(files["change_federation.heterogeneity.csv"])}
+    assert set(rows) == {(m, k) for m in ("val_mAP", "test_mAP") for k in ("promptfl", "fedmpt")}
+    for metric in ("val_mAP", "test_mAP"):  # test is val - 0.01 everywhere: the same changes
+        promptfl, fedmpt = rows[(metric, "promptfl")], rows[(metric, "fedmpt")]
+        # promptfl: 0.40 - 0.60, 0.40 - 0.64; fedmpt: 0.60 - 0.70, 0.66 - 0.72
+        assert float(promptfl["change"]) == pytest.approx(-0.22) and float(fedmpt["change"]) == pytest.approx(-0.08)
+        assert float(promptfl["change_ci95"]) == pytest.approx(T2 * 0.04 / 2)
+        assert float(fedmpt["start_mean"]) == pytest.approx(0.71 - (metric == "test_mAP") * 0.01)
+        # fedmpt's change minus the reference's, per seed: +0.10, +0.18
+        assert float(fedmpt["diff"]) == pytest.approx(0.14) and float(fedmpt["diff_ci95"]) == pytest.approx(T2 * 0.04)
+        assert "diff" not in promptfl or promptfl["diff"] == ""
+    md = files["change_federation.heterogeneity.md"].read_text()
+    assert "heterogeneity t = 0 → 1" in md and "| fedmpt | 0.7100 ± " in md and "+0.1400 ± " in md
+    assert "## Change federation.heterogeneity" in files["index.md"].read_text()
+    for change, expected in (("data.label_mask=0.1:0.9", "not a swept key"),
+                             ("federation.heterogeneity=0:0.7", "0, 0.5, 1"),
+                             ("federation.heterogeneity=1:1", "two different values")):
+        with pytest.raises(FedvlpError, match=expected):
+            make_report(tracking_uri, "sweep-heterogeneity", tmp_path / "bad", change=change)
+    assert not (tmp_path / "bad").exists()  # refused before anything is written
+
+
 def test_intervals_match_scipy():
     rng = __import__("numpy").random.default_rng(0)
     for n in (2, 3, 5, 10):

@@ -230,6 +230,37 @@ def by_method(rows: list[Row], metric: str, keys: list[str], reference: str | No
     return out
 
 
+def changes(rows: list[Row], metric: str, keys: list[str], key: str, start, end,
+            reference: str | None = None) -> list[dict]:
+    """Per method and cell of the other swept keys: the metric at key = start and at key = end, the change
+    end - start paired over seeds, and (`diff`) the method's change minus the reference's, paired again: how much
+    less a method loses than the reference when negative for a loss the reference resists."""
+    groups = _per_seed(rows, metric, keys)
+    at = keys.index(key)
+
+    def moved(cell: tuple) -> tuple:
+        return (*cell[:at], end, *cell[at + 1:])
+
+    def change(method: str, cell: tuple) -> dict[str, float]:
+        first, last = groups[(method, cell)], groups.get((method, moved(cell)), {})
+        return {seed: last[seed] - first[seed] for seed in first if seed in last}
+
+    out = []
+    for (method, cell), by_seed in groups.items():
+        if cell[at] != start or (method, moved(cell)) not in groups:
+            continue
+        mine = change(method, cell)
+        entry = {"method": method, **{k: v for k, v in zip(keys, cell) if k != key},
+                 "start": interval(by_seed.values())[:2], "end": interval(groups[(method, moved(cell))].values())[:2]}
+        entry["change"], entry["change_ci95"], entry["n"] = interval(mine.values())
+        if reference is not None and method != reference and (reference, moved(cell)) in groups \
+                and (reference, cell) in groups:
+            diff, diff_half, pairs = _paired(mine, change(reference, cell))
+            entry.update(diff=diff, diff_ci95=diff_half, diff_n=pairs, significant=significant(diff, diff_half))
+        out.append(entry)
+    return sorted(out, key=lambda d: (d["method"], [_order(d[k]) for k in keys if k != key]))
+
+
 def curves(rows: list[Row], metric: str, x_of) -> dict[str, tuple[list, np.ndarray, np.ndarray]]:
     """{method: (xs, mean over seeds, 95 % half-width)} of `metric` against x_of(row, step) (the swept value,
     or the round), averaging each seed over the rest of the sweep first."""
@@ -414,9 +445,9 @@ def _summary_metrics(summaries: dict[str, list[dict]], keys: list[str]) -> dict[
 
 
 def make_report(tracking_uri: str, experiment: str, out_dir: str | Path, metric: str | None = None,
-                reference: str | None = None) -> dict[str, Path]:
-    """Write summary/by_method tables (CSV + Markdown) and plots for one sweep; log them and the summary on its
-    parent run."""
+                reference: str | None = None, change: str | None = None) -> dict[str, Path]:
+    """Write summary/by_method tables (CSV + Markdown) and plots for one sweep, and with `change`
+    ("KEY=FROM:TO") the change table of that swept key; log them and the summary on its parent run."""
     from mlflow import MlflowClient
 
     client = MlflowClient(tracking_uri=tracking_uri)
@@ -435,6 +466,7 @@ def make_report(tracking_uri: str, experiment: str, out_dir: str | Path, metric:
     if reference is not None and reference not in {r["method"] for r in used}:
         raise FedvlpError(f"reference: {reference!r} ran no counted trial in {experiment!r}; expected one of "
                           f"{', '.join(_sorted(r['method'] for r in used))}")
+    moved = _change_of(change, swept, used) if change else None
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     seeds = len({r["seed"] for r in used})
@@ -489,6 +521,9 @@ def make_report(tracking_uri: str, experiment: str, out_dir: str | Path, metric:
         ["method"] + [f"{c} (mean over sweep)" for c in metric_columns] + diff_columns
         + ["n seeds", "trainable params", "bytes up / client / round", "s / round"], lines))
 
+    if moved:
+        files.update(_write_changes(rows, reported, swept, moved, reference, header, out))
+
     for key in swept:
         others = [k for k in swept if k != key]
         subtitle = f"{experiment}: mean ± 95 % CI over {seeds} seed(s)" + (
@@ -513,6 +548,55 @@ def make_report(tracking_uri: str, experiment: str, out_dir: str | Path, metric:
         client.log_artifact(parent.info.run_id, str(path), "report")
     _log_summary(client, parent.info.run_id, summaries, swept)
     return files
+
+
+def _change_of(change: str, swept: list[str], used: list[Row]) -> tuple:
+    """"KEY=FROM:TO" -> (key, from, to), both values among those the counted trials ran."""
+    key, _, ends = change.partition("=")
+    start_text, _, end_text = ends.partition(":")
+    if key not in swept:
+        raise FedvlpError(f"--change: {key!r} is not a swept key of this sweep; expected KEY=FROM:TO with KEY one of "
+                          f"{', '.join(swept) or '(none: only methods are swept)'}")
+    ran = _sorted(r["swept"][key] for r in used)
+    start, end = _value(start_text), _value(end_text)
+    if start not in ran or end not in ran or start == end:
+        raise FedvlpError(f"--change {change}: expected two different values of {key} that trials ran, from "
+                          f"{', '.join(map(_show, ran))}")
+    return key, start, end
+
+
+def _write_changes(rows: list[Row], reported: list[str], swept: list[str], moved: tuple, reference: str | None,
+                   header: str, out: Path) -> dict[str, Path]:
+    """change_<key>.md/.csv: each method's change from one value of a swept key to another, and against the
+    reference's change."""
+    key, start, end = moved
+    tables = {m: changes(rows, m, swept, key, start, end, reference) for m in reported}
+    others = [k for k in swept if k != key]
+    where = f"{key_label(key)} = {_show(start)} → {_show(end)}"
+    columns = ["method", *map(key_label, others)]
+    for m in reported:
+        columns += [f"{metric_label(m)} at {_show(start)}", f"at {_show(end)}", f"change, {m} (paired)"]
+        columns += [f"Δ change vs {reference}"] if reference else []
+    lines = []
+    for first in tables[reported[0]]:
+        line = [first["method"], *(_show(first[k]) for k in others)]
+        for m in reported:
+            entry = next((e for e in tables[m] if all(e[k] == first[k] for k in ["method", *others])), None)
+            if entry is None:
+                line += ["n/a"] * (4 if reference else 3)
+                continue
+            line += [_mean_ci(*entry["start"]), _mean_ci(*entry["end"]),
+                     f"{entry['change']:+.4f} ± {_fmt(entry['change_ci95'])}"] + ([_diff(entry)] if reference else [])
+        lines.append(line)
+    stem = f"change_{key}"
+    text = (f"{header}\n\nThe change from {where}, per method: the final metric at each value, the change paired "
+            f"over seeds" + (f", and Δ = the method's change minus {reference}'s, paired again (negative: the method "
+                             f"gains less or loses more than {reference})" if reference else "") + ".")
+    (out / f"{stem}.md").write_text(_markdown(text, columns, lines))
+    flat = [{"metric": m, **{k: v for k, v in e.items() if k not in ("start", "end")}, "start_mean": e["start"][0],
+             "start_ci95": e["start"][1], "end_mean": e["end"][0], "end_ci95": e["end"][1]}
+            for m in reported for e in tables[m]]
+    return {f"{stem}.md": out / f"{stem}.md", f"{stem}.csv": _write_csv(flat, out / f"{stem}.csv")}
 
 
 def _log_summary(client, parent_id: str, summaries: dict[str, list[dict]], swept: list[str]) -> None:
