@@ -142,7 +142,7 @@ def test_cli_page_rebuilds_committed_folders_without_mlflow(study, tmp_path, cap
 @pytest.mark.parametrize("argv, message", [
     (["report"], "report: no EXPERIMENT; expected a sweep's MLflow experiment"),
     (["report", "sweep-x", "--page", "{study}"], "report --page DIR rebuilds a page from DIR's files alone"),
-    (["report", "--page", "{study}", "--out", "x"], "expected no EXPERIMENT, --metric, --reference, --out"),
+    (["report", "--page", "{study}", "--out", "x"], "expected no EXPERIMENT, --metric, --reference, --change, --out"),
     (["report", "--page", "{study}/nope"], "{study}/nope is not a folder; expected a report folder"),
 ])
 def test_cli_page_misuse_is_a_one_line_error(study, capsys, argv, message):
