@@ -83,4 +83,4 @@ def test_a_failing_diagnostic_and_only_that_makes_a_finding_untestable_here():
     # FedMPT's code hides labels
     assert rows["FED-PRIME (b)"][0].startswith("**untestable here**: heterogeneity penalty fails")
     assert rows["FedMPT (d)"][0].startswith("hidden read as negatives (FedMPT's code): **not reproduced** against "
-                                            "zero-shot, FedLoRA and FedTPG")
+                                            "zero-shot, FedLoRA, PromptFL and FedTPG")
