@@ -336,8 +336,8 @@ def _sweep(args) -> int:
     if best is not None and best.metrics:
         print(f"best {sweep.metric} {best.metrics.get(sweep.metric, float('nan')):.4f} with {best.config}")
     if args.report:
-        args.experiment, args.metric, args.out, args.tracking_uri, args.reference, args.page = \
-            sweep.experiment, None, None, sweep.base["tracking"]["uri"], None, None
+        args.experiment, args.metric, args.out, args.tracking_uri, args.reference, args.change, args.page = \
+            sweep.experiment, None, None, sweep.base["tracking"]["uri"], None, None, None
         _report(args)
     else:
         print(f"tables and plots:  fedvlp report {sweep.experiment}")
