@@ -250,8 +250,10 @@ def changes(rows: list[Row], metric: str, keys: list[str], key: str, start, end,
         if cell[at] != start or (method, moved(cell)) not in groups:
             continue
         mine = change(method, cell)
-        entry = {"method": method, **{k: v for k, v in zip(keys, cell) if k != key},
-                 "start": interval(by_seed.values())[:2], "end": interval(groups[(method, moved(cell))].values())[:2]}
+        (start_mean, start_half, _), (end_mean, end_half, _) = (interval(by_seed.values()),
+                                                                interval(groups[(method, moved(cell))].values()))
+        entry = {"method": method, **{k: v for k, v in zip(keys, cell) if k != key}, "start_mean": start_mean,
+                 "start_ci95": start_half, "end_mean": end_mean, "end_ci95": end_half}
         entry["change"], entry["change_ci95"], entry["n"] = interval(mine.values())
         if reference is not None and method != reference and (reference, moved(cell)) in groups \
                 and (reference, cell) in groups:
@@ -585,7 +587,7 @@ def _write_changes(rows: list[Row], reported: list[str], swept: list[str], moved
             if entry is None:
                 line += ["n/a"] * (4 if reference else 3)
                 continue
-            line += [_mean_ci(*entry["start"]), _mean_ci(*entry["end"]),
+            line += [_mean_ci(entry["start_mean"], entry["start_ci95"]), _mean_ci(entry["end_mean"], entry["end_ci95"]),
                      f"{entry['change']:+.4f} ± {_fmt(entry['change_ci95'])}"] + ([_diff(entry)] if reference else [])
         lines.append(line)
     stem = f"change_{key}"
@@ -593,9 +595,7 @@ def _write_changes(rows: list[Row], reported: list[str], swept: list[str], moved
             f"over seeds" + (f", and Δ = the method's change minus {reference}'s, paired again (negative: the method "
                              f"gains less or loses more than {reference})" if reference else "") + ".")
     (out / f"{stem}.md").write_text(_markdown(text, columns, lines))
-    flat = [{"metric": m, **{k: v for k, v in e.items() if k not in ("start", "end")}, "start_mean": e["start"][0],
-             "start_ci95": e["start"][1], "end_mean": e["end"][0], "end_ci95": e["end"][1]}
-            for m in reported for e in tables[m]]
+    flat = [{"metric": m, **e} for m in reported for e in tables[m]]
     return {f"{stem}.md": out / f"{stem}.md", f"{stem}.csv": _write_csv(flat, out / f"{stem}.csv")}
 
 
