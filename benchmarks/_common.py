@@ -196,6 +196,43 @@ def ray_head(cpus: int):
         shutil.rmtree(root, ignore_errors=True)
 
 
+@contextmanager
+def mlflow_server(root: str | Path):
+    """The tracking server cluster.yaml starts on a head (`mlflow server` on 127.0.0.1, a sqlite store and served
+    artifacts under `root`); yields its URI once it answers. Killed at the end, with its own workers."""
+    import signal
+    import socket
+    import subprocess
+    import urllib.request
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    uri = f"http://127.0.0.1:{port}"
+    server = subprocess.Popen(
+        [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port), "--workers", "1",
+         "--backend-store-uri", f"sqlite:///{Path(root) / 'mlflow.db'}",
+         "--artifacts-destination", str(Path(root) / "mlartifacts")],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)  # its group: kill them all
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                with urllib.request.urlopen(f"{uri}/health", timeout=2):
+                    break
+            except OSError:
+                if server.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError("mlflow server did not start") from None
+                time.sleep(0.3)
+        yield uri
+    finally:
+        try:
+            os.killpg(server.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        server.wait(timeout=30)
+
+
 class RoundClock:
     """Wall and CPU seconds when made (the run starts) and at the end of every round; pass it as `on_round`."""
 

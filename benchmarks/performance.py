@@ -163,13 +163,15 @@ def startup(r: dict) -> list[str]:
     warm = r["warm"]
     logged = warm["logged_startup_s"]
     warm_rows = [["`fedvlp run` from the shell to round 1, median wall s", warm["shell_median_s"]],
+                 *([["… of which to the start of round 1 (round 0 printed)", warm["shell_to_round_1_start_s"]]]
+                   if "shell_to_round_1_start_s" in warm else []),
                  ["`run_federated` in-process to the end of round 1, wall s", warm["wall_s"]],
                  ["… its CPU s (this process and its descendants)", warm["cpu_s"]],
                  *([f"logged by the engine: `{name}`", value] for name, value in logged.items())]
     return [*table(["cold: a private local Ray and new actors", "s"], rows), "",
             f"Target ≤ {r['target_s']:g} s from the shell: {verdict(r['shell_median_s'], r['target_s'])}.", "",
-            *table(["warm: a running cluster (`ray start --head`), the actors borrowed from its warm pool", "s"],
-                   warm_rows), "",
+            *table(["warm: a running cluster (`ray start --head` and the MLflow server cluster.yaml starts), the "
+                    "actors borrowed from its warm pool", "s"], warm_rows), "",
             f"Target ≤ {warm['target_s']:g} s from the shell: {verdict(warm['shell_median_s'], warm['target_s'])}.",
             "", caption(r, f"Medians of {len(r['runs'])} runs, warm caches")]
 

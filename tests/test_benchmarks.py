@@ -277,6 +277,7 @@ def test_startup_at_tiny_size(results, ray_cluster):
     assert set(r["alone_cpu_s"]) == {"driver imports", "client worker", "coordinator", "ray.init"}
     warm = r["warm"]  # the shell runs attached to a head started for the benchmark and borrowed its warm pool
     assert len(warm["shell_s"]) == 1 and 0 < warm["logged_startup_s"]["startup_seconds"] < warm["shell_median_s"]
+    assert 0 < warm["shell_to_round_1_start_s"] < warm["shell_median_s"]  # round 0 printed before round 1
     assert warm["logged_startup_s"]["startup_actors_seconds"] > 0 and warm["target_s"] == 3.0
     rendered("startup", r)
 

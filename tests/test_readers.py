@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from fedvlp.data.images import ArrayImages, FileImages, ImageSource
+from fedvlp.data.images import ArrayImages, FileImages, GeneratedImages, ImageSource
 from fedvlp.data.readers import (
     MMIMDB_GENRES,
     READERS,
@@ -21,6 +21,8 @@ from fedvlp.data.readers import (
     read_nuswide,
     read_voc2007,
 )
+from fedvlp.data.recipes import generate_recipes
+from fedvlp.data.scenes import generate_scenes
 from fedvlp.errors import ConfigError, DataError
 
 COLOURS = [(220, 30, 30), (30, 200, 40), (20, 40, 210), (240, 220, 20), (200, 40, 200), (20, 200, 200),
@@ -538,3 +540,27 @@ def test_array_images_load_and_cache_key():
     assert ArrayImages(array.reshape(3, 4, 16, 3)).cache_key() != images.cache_key()
     with pytest.raises(DataError):
         ArrayImages(array.astype(np.float32))
+
+
+@pytest.mark.parametrize("generate", [generate_scenes, generate_recipes])
+def test_generated_images_render_where_loaded_the_pixels_of_the_generator(generate):
+    """A synthetic split carries its generator's arguments, not pixels: the driver of a run whose features are
+    cached never renders them; loading renders exactly what the generator draws, subsets included."""
+    import pickle
+
+    images = GeneratedImages(generate, 70, "test", 3)
+    drawn = generate(70, "test", 3)
+    bare = generate(70, "test", 3, render=False)  # everything but the pixels, the same draws
+    assert bare.images.shape == (70, 0, 0, 3) and np.array_equal(bare.labels, drawn.labels)
+    assert len(images) == 70 and isinstance(images, ImageSource) and not images._rendered
+    shipped = pickle.loads(pickle.dumps(images))  # as Ray sends it to a worker
+    np.testing.assert_array_equal(shipped.load(range(70), 32), drawn.images)
+    rows = np.array([5, 60, 2])
+    subset = images.subset(rows)
+    np.testing.assert_array_equal(subset.load([2, 0], 32), drawn.images[rows[[2, 0]]])
+    np.testing.assert_array_equal(subset.subset(np.array([1])).load([0], 32), drawn.images[[60]])
+    # keys: the same generator call gives the same key, any other argument or subset another
+    keys = {images.cache_key(), GeneratedImages(generate, 71, "test", 3).cache_key(),
+            GeneratedImages(generate, 70, "val", 3).cache_key(), GeneratedImages(generate, 70, "test", 4).cache_key(),
+            subset.cache_key(), images.subset(rows[::-1]).cache_key()}
+    assert len(keys) == 6 and images.cache_key() == GeneratedImages(generate, 70, "test", 3).cache_key()

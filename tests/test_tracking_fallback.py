@@ -77,6 +77,7 @@ def test_run_goes_on_when_the_server_dies(tmp_path, monkeypatch, capsys):
         for step in range(3):
             tracker.log_metrics(step, metrics_of(step))
         tracker.set_tags({"nodes": "head"})
+        tracker.flush()
         logged = tracker.client.get_metric_history(tracker.run_id, "test_mAP")
         assert sorted(m.step for m in logged) == [0, 1, 2]   # the server had them while it lived
         assert not tracker.offline and not tracker.fallback_path.exists()

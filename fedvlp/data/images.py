@@ -1,10 +1,13 @@
 """Images of a split, loaded lazily at a requested square size.
 
-Two sources satisfy `ImageSource`:
+Three sources satisfy `ImageSource`:
 
-* `ArrayImages` -- uint8 [n, H, W, 3] already in memory (synthetic sets). `load` returns the
+* `ArrayImages` -- uint8 [n, H, W, 3] already in memory. `load` returns the
   pixels unchanged when H == W == size, else resizes each image straight to size x size (PIL
   bicubic, aspect ratio not kept).
+* `GeneratedImages` -- a synthetic generator's images, rendered on their first `load` in the
+  process that loads them (a worker encoding features on a cache miss): a driver whose features
+  are cached never renders them. Then as `ArrayImages`.
 * `FileImages` -- image files on disk, opened only when loaded. Transform: convert to RGB,
   resize so the shorter side is `size` (PIL bicubic), then centre-crop to size x size (the
   usual CLIP / ViLT evaluation transform).
@@ -16,8 +19,10 @@ from __future__ import annotations
 
 import hashlib
 import os
-from collections.abc import Sequence
+import sys
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Protocol, runtime_checkable
 
 import numpy as np
@@ -87,6 +92,50 @@ class ArrayImages:
             digest.update(np.ascontiguousarray(self.array).data)
             self._key.append(digest.hexdigest())
         return self._key[0]
+
+
+@dataclass(frozen=True, eq=False)
+class GeneratedImages:
+    """The images of `generate(num_samples, split, seed)` (a synthetic world's generator: a module-level function,
+    so it travels to workers by name, whose result has `.images`), or the rows `indices` of them.
+
+    Its cache key names the generator and its arguments, not pixels it does not have: the source of the
+    generator's module and of the seeding it draws from, and numpy's version, so that any change to how the
+    pixels are drawn changes the key."""
+    generate: Callable
+    num_samples: int
+    split: str
+    seed: int
+    indices: np.ndarray | None = None
+    _rendered: list = field(default_factory=list, init=False, repr=False)  # memoised ArrayImages
+
+    def __len__(self) -> int:
+        return self.num_samples if self.indices is None else len(self.indices)
+
+    def _pixels(self) -> ArrayImages:
+        if not self._rendered:
+            images = self.generate(self.num_samples, self.split, self.seed).images
+            self._rendered.append(ArrayImages(images if self.indices is None else images[self.indices]))
+        return self._rendered[0]
+
+    def load(self, indices: Sequence[int], size: int) -> np.ndarray:
+        return self._pixels().load(indices, size)
+
+    def subset(self, indices: np.ndarray) -> GeneratedImages:
+        rows = np.asarray(indices, dtype=np.int64)
+        return GeneratedImages(self.generate, self.num_samples, self.split, self.seed,
+                               rows if self.indices is None else self.indices[rows])
+
+    def cache_key(self) -> str:
+        from fedvlp import seeding
+
+        digest = hashlib.sha256(f"{self.generate.__module__}.{self.generate.__qualname__} {self.num_samples} "
+                                f"{self.split} {self.seed} numpy {np.__version__}".encode())
+        for module in (sys.modules[self.generate.__module__], seeding):
+            digest.update(Path(module.__file__).read_bytes())  # type: ignore[arg-type]  # modules with files
+        if self.indices is not None:
+            digest.update(np.ascontiguousarray(self.indices).data)
+        return digest.hexdigest()
 
 
 def _reason(exc: BaseException) -> str:

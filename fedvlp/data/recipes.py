@@ -122,7 +122,7 @@ BLOCK = 1024
 
 @dataclass(frozen=True)
 class RecipeSet:
-    images: np.ndarray          # uint8 [n, S, S, 3]
+    images: np.ndarray          # uint8 [n, S, S, 3]; [n, 0, 0, 3] with render=False
     texts: tuple[str, ...]
     labels: np.ndarray          # int64 [n]
     class_names: tuple[str, ...]
@@ -141,18 +141,21 @@ class RecipeSet:
         return self.labels % len(CONTAINERS)
 
 
-def generate_recipes(num_samples: int, split: str, seed: int, image_size: int = 32) -> RecipeSet:
-    """Generate ``num_samples`` recipes of ``split`` deterministically from ``seed``."""
+def generate_recipes(num_samples: int, split: str, seed: int, image_size: int = 32,
+                     render: bool = True) -> RecipeSet:
+    """Generate ``num_samples`` recipes of ``split`` deterministically from ``seed``; with ``render=False``
+    everything but the pixels, which the same call with ``render=True`` adds."""
     n, size = check_generator_args(num_samples, split, image_size, SPLITS)
     rng = numpy_rng(seed, "data", STREAM_OFFSET + SPLITS.index(split))
-    images = np.empty((n, size, size, 3), np.uint8)
+    images = np.empty((n, size, size, 3) if render else (n, 0, 0, 3), np.uint8)
     labels = np.empty(n, np.int64)
     texts: list[str] = []
     for start in range(0, n, BLOCK):
         m = min(BLOCK, n - start)
         params = _draw_block(rng, size, split in SOURCE_SPLITS)  # always a full block: prefix-stable
         params = {k: v[:m] for k, v in params.items()}
-        images[start:start + m] = _render(params, size)
+        if render:
+            images[start:start + m] = _render(params, size)
         labels[start:start + m] = params["label"]
         texts.extend(_texts(params))
     return RecipeSet(images, tuple(texts), labels, CLASS_NAMES)

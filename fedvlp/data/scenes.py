@@ -157,7 +157,7 @@ for _i, _q in enumerate(LAYOUTS):
 
 @dataclass(frozen=True)
 class SceneSet:
-    images: np.ndarray                   # uint8 [n, S, S, 3]
+    images: np.ndarray                   # uint8 [n, S, S, 3]; [n, 0, 0, 3] with render=False
     labels: np.ndarray                   # uint8 [n, 20] multi-hot
     captions: list[str]
     conditions: dict[str, np.ndarray]    # int64 [n] each; see module docstring
@@ -169,11 +169,12 @@ class SceneSet:
         return len(self.captions)
 
 
-def generate_scenes(num_samples: int, split: str, seed: int, image_size: int = 32) -> SceneSet:
-    """Generate ``num_samples`` scenes of ``split`` deterministically from ``seed``."""
+def generate_scenes(num_samples: int, split: str, seed: int, image_size: int = 32, render: bool = True) -> SceneSet:
+    """Generate ``num_samples`` scenes of ``split`` deterministically from ``seed``; with ``render=False``
+    everything but the pixels (rendering is most of the time), which the same call with ``render=True`` adds."""
     n, size = check_generator_args(num_samples, split, image_size, SPLITS)
     rng = numpy_rng(seed, "data", SPLITS.index(split))
-    images = np.empty((n, size, size, 3), np.uint8)
+    images = np.empty((n, size, size, 3) if render else (n, 0, 0, 3), np.uint8)
     labels = np.zeros((n, NUM_CLASSES), np.uint8)
     conditions = {k: np.empty(n, np.int64) for k in
                   ("context", "background", "lighting", "scale", "layout", "pose")}
@@ -185,7 +186,8 @@ def generate_scenes(num_samples: int, split: str, seed: int, image_size: int = 3
         params = _draw_block(rng, split, size)   # always a full block: prefix-stable
         params = {k: v[:m] for k, v in params.items()}
         sl = slice(start, start + m)
-        images[sl] = _render(params, size)
+        if render:
+            images[sl] = _render(params, size)
         present = params["quadrant_class"] >= 0
         rows = np.nonzero(present)[0]
         labels[sl][rows, params["quadrant_class"][present]] = 1

@@ -23,17 +23,19 @@ SYNTHETIC_SPLITS = ("train", "val", "test", "holdout")
 
 def _read_synthetic(name: str, generate, multilabel: bool, request, shift: bool = False):
     """Every split generated from its own seed stream, so val and the held-out pool never overlap train; with
-    `shift`, also the generator's `shift` split, as large as test."""
+    `shift`, also the generator's `shift` split, as large as test. The pixels are rendered only where they are
+    loaded (`GeneratedImages`)."""
     from fedvlp.data.dataset import Dataset, Split
-    from fedvlp.data.images import ArrayImages
+    from fedvlp.data.images import GeneratedImages
 
     sizes = {"train": request.num_train, "val": request.num_val, "test": request.num_test,
              "holdout": request.num_holdout, **({"shift": request.num_test} if shift else {})}
     splits = {}
     for split, size in sizes.items():
-        made = generate(size, split, request.seed)
+        made = generate(size, split, request.seed, render=False)
         labels = made.labels.astype(np.int8) if multilabel else made.labels
-        splits[split] = Split(ArrayImages(made.images), labels, getattr(made, "texts", None))
+        splits[split] = Split(GeneratedImages(generate, size, split, request.seed), labels,
+                              getattr(made, "texts", None))
     class_names = tuple(made.class_names)
     return Dataset(name, class_names, multilabel, **splits)
 
