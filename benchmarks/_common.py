@@ -254,21 +254,28 @@ class RoundClock:
 def timed_fedvlp_run(spec, on_round=None):
     """(RunResult, RoundClock, PhaseTimer, total s, start-up s, wall s of every round) of one fedvlp run.
 
-    Start-up is what the engine logs at round 0 (everything up to the round-0 evaluation).
+    Start-up is what the engine logs at round 0 (everything up to the round-0 evaluation). Round r ends when the
+    driver hands its metrics to the MLflow tracker: the next round starts then, while the tracker's thread sends
+    them, writes the checkpoint and prints the round, as in `fedvlp run`. `on_round`, if given, is passed to the
+    run (which then waits for that thread every round, as a sweep's trial does).
     """
+    from unittest import mock
+
     from mlflow import MlflowClient
 
     clock = RoundClock()
-
-    def mark(*args):
-        clock()
-        if on_round is not None:
-            on_round(*args)
-
     with PhaseTimer(FEDVLP_PHASES) as phases:
-        clock.start = (time.perf_counter(), tree_cpu_seconds())
-        result = engine.run_federated(spec, progress=False, on_round=mark)
-        total = time.perf_counter() - clock.start[0]
+        log_metrics = tracking.RunTracker.log_metrics  # as PhaseTimer times it
+
+        def logged(tracker, step: int, metrics: dict) -> None:
+            log_metrics(tracker, step, metrics)
+            if step >= 1:
+                clock()
+
+        with mock.patch.object(tracking.RunTracker, "log_metrics", logged):
+            clock.start = (time.perf_counter(), tree_cpu_seconds())
+            result = engine.run_federated(spec, progress=False, on_round=on_round)
+            total = time.perf_counter() - clock.start[0]
     startup = MlflowClient(result.tracking_uri).get_metric_history(result.run_id, "startup_seconds")[0].value
     rounds = list(np.diff([clock.start[0] + startup, *(wall for wall, _ in clock.marks)]))
     return result, clock, phases, total, startup, rounds

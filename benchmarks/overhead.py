@@ -45,7 +45,9 @@ fedvlp as users run it, and lets the bare loop be checked against all of its met
 
 Every arm's wall time (from its call, after imports) is split into start-up (up to the end of the
 round-0 evaluation), round 1, the median of rounds 2..last, and the rest (tear-down). Round times
-include all per-round work: for fedvlp also its MLflow logging and checkpoint. Beside wall time, the
+include all per-round work; a fedvlp round ends when its driver hands the round's metrics to the MLflow tracker
+and starts the next, while the tracker's thread sends them, writes the checkpoint and prints the round (its CPU
+counts, and the total waits for it). Beside wall time, the
 CPU seconds of the process and its descendants (Ray's processes, the actors): other work on the machine
 stretches wall time far more than CPU time. Printed side by side with the ratios of fedvlp to each
 other arm (and their targets), where fedvlp's time goes (phases timed in place) and where Flower's client time goes.

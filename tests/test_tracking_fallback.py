@@ -1,4 +1,5 @@
-"""An MLflow server that dies mid-run loses nothing: the run goes on, its tracking in a local file."""
+"""MLflow tracking: logging leaves the round (the tracker's thread sends in order), and a server that dies mid-run
+loses nothing: the run goes on, its tracking in a local file."""
 from __future__ import annotations
 
 import contextlib
@@ -8,6 +9,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -107,3 +109,27 @@ def test_run_goes_on_when_the_server_dies(tmp_path, monkeypatch, capsys):
     assert len(warnings) == 2, warnings   # once when it happens, once at the end
     assert all(str(tracker.fallback_path) in line for line in warnings), warnings
     assert "failed" in warnings[0] and "ended FINISHED" in warnings[1]
+
+
+def test_the_tracker_sends_from_its_thread_in_order_and_raises_a_failure_once(tmp_path):
+    spec = load_spec(None, [f"tracking.uri=sqlite:///{tmp_path / 'mlflow.db'}", f"output_dir={tmp_path / 'runs'}",
+                            "tracking.experiment=order"])
+    tracker = RunTracker(spec)
+    release, seen = threading.Event(), []
+    tracker.then(release.wait)  # the thread is held: what is logged now only queues, the caller never waits
+    tracker.log_metrics(1, metrics_of(1))
+    tracker.then(lambda: seen.append(sorted(m.step for m in tracker.client.get_metric_history(tracker.run_id,
+                                                                                              "test_mAP"))))
+    assert seen == [] and tracker.client.get_metric_history(tracker.run_id, "test_mAP") == []
+    release.set()
+    tracker.flush()
+    assert seen == [[1]]  # an action runs once everything queued before it is sent
+
+    def disk_full():
+        raise OSError("No space left on device")
+
+    tracker.then(disk_full)
+    with pytest.raises(OSError, match="No space"):
+        tracker.flush()  # a failure in the thread is the caller's, once
+    tracker.end("FAILED")  # and the run still ends
+    assert tracker.client.get_run(tracker.run_id).info.status == "FAILED"

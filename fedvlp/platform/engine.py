@@ -71,8 +71,8 @@ def run_federated(spec, *, progress: bool = True, on_round=None, tags: dict | No
                   resume: dict | None = None) -> RunResult:
     """Run one federated experiment end to end and return its metrics.
 
-    `on_round(round, metrics, checkpoint_path)` is called after each round (Tune reports
-    through it). `resume` is a round checkpoint (`read_checkpoint`): the run continues after
+    `on_round(round, metrics, checkpoint_path)` is called after each round, once its metrics are sent and its
+    checkpoint written (Tune reports through it; without it, a round's logging overlaps the next round). `resume` is a round checkpoint (`read_checkpoint`): the run continues after
     its round, in the same MLflow run, and ends bitwise identical to an uninterrupted one.
     """
     say = print if progress else (lambda *a, **k: None)
@@ -184,13 +184,16 @@ def run_federated(spec, *, progress: bool = True, on_round=None, tags: dict | No
                 metrics.update(final)
                 saved_ref = checkpoint_call(final)
             saved = ray.get(saved_ref)
-            write_checkpoint(checkpoint, saved)
             metrics["round_seconds"] = time.perf_counter() - tic
             timings = metrics.pop("timings")
             tracker.log_metrics(round_index, metrics)
+            # The checkpoint is written once the round's metrics are sent, and the round's line printed after it: a run
+            # killed at any moment resumes from a round MLflow has, and from the last round it printed.
+            tracker.then(functools.partial(write_checkpoint, checkpoint, saved))
+            tracker.then(functools.partial(say, _round_line(round_index, spec.federation.rounds, metrics)))
             history.append({"round": round_index, **metrics, "timings": timings})
-            say(_round_line(round_index, spec.federation.rounds, metrics))
             if on_round is not None:  # the latest metrics every round, so schedulers always see them
+                tracker.flush()  # and the checkpoint on disk (a sweep's trial hands it to Tune)
                 on_round(round_index, {**final, **metrics}, checkpoint)
         tracker.log_json({"initial": initial, "final": final, "rounds": spec.federation.rounds}, "final_metrics.json")
         tracker.end("FINISHED")

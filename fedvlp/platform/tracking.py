@@ -17,7 +17,7 @@ import os
 import socket
 import sys
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from pathlib import Path
 from urllib.parse import urlparse
 
@@ -184,7 +184,10 @@ class RunTracker:
 
     Opening the run is synchronous (its failure is the command's error); everything logged after is sent by
     the tracker's own thread, in order, so a round never waits on the store (about 10 ms a round on the local
-    sqlite file). `flush` waits for what is queued; `end` flushes.
+    sqlite file). `then` runs an action in that order too (the engine writes a round's checkpoint once the
+    round's metrics are sent, so a run killed at any moment resumes from a round MLflow has). `flush` waits for
+    what is queued and `end` flushes; what failed in the thread (writing the fallback file, an action) is raised
+    by the next call after it failed, once.
     """
 
     def __init__(self, spec, tags: dict[str, str] | None = None, run_id: str | None = None):
@@ -209,8 +212,9 @@ class RunTracker:
         self.fallback_path = Path(spec.output_dir).resolve() / run_id / FALLBACK_FILE
         self.offline = False  # True once the store failed: from then on, the fallback file only
         self._journal: list[dict] = []  # everything logged, so the fallback file is the run's whole record
-        self._sender = ThreadPoolExecutor(max_workers=1, thread_name_prefix="fedvlp-mlflow-log")
+        self._sender = ThreadPoolExecutor(max_workers=1, thread_name_prefix="fedvlp-mlflow-log")  # one: in order
         self._last_sent: Future | None = None
+        self._failure: BaseException | None = None  # the first failure in the thread, until raised
         config = spec.to_dict()
         opened = {"event": "run", "run_id": run_id, "tracking_uri": self.uri, "experiment": spec.tracking.experiment,
                   "resumed": resumed, "tags": run_tags, "config": config}
@@ -239,28 +243,47 @@ class RunTracker:
         self._record({"event": "artifact", "name": name, "content": obj},
                      lambda: self.client.log_text(self.run_id, json.dumps(obj, indent=2, sort_keys=True), name))
 
+    def then(self, action) -> None:
+        """Call `action()` in the tracker's thread once everything logged before it is sent."""
+        self._queue(action)
+
     def end(self, status: str = "FINISHED") -> None:
         self._record({"event": "end", "status": status}, lambda: self.client.set_terminated(self.run_id, status))
-        self.flush()
-        self._sender.shutdown()
+        try:
+            self.flush()
+        finally:
+            self._sender.shutdown()
         if self.offline:
             _warn(f"fedvlp: warning: run {self.run_id} ended {status}; MLflow at {self.uri} failed during the run, "
                   f"so its whole tracking is in {self.fallback_path}")
 
     def flush(self) -> None:
-        """Wait until everything logged so far is in the store (or the fallback file); raise what writing failed."""
+        """Wait until everything queued so far is done: sent to the store (or the fallback file), actions run."""
         if self._last_sent is not None:
-            self._last_sent.result()
+            wait([self._last_sent])
+        self._raise_failure()
 
     def _record(self, entry: dict, send) -> None:
-        """Queue the entry for the tracker's thread (`_send`), behind everything logged before it."""
-        self._last_sent = self._sender.submit(self._send, entry, send, self._last_sent)
+        """Queue the entry: the thread sends it (`_send`) behind everything queued before it."""
+        self._queue(lambda: self._send(entry, send))
 
-    def _send(self, entry: dict, send, previous: Future | None) -> None:
-        """`send` the entry to MLflow; if MLflow fails, or failed before, write it to the fallback file. A failure
-        to write the fallback file is carried to every later entry's future, so `flush` raises it."""
-        if previous is not None:
-            previous.result()
+    def _queue(self, work) -> None:
+        self._raise_failure()
+        self._last_sent = self._sender.submit(self._guarded, work)
+
+    def _guarded(self, work) -> None:
+        try:
+            work()
+        except BaseException as exc:  # kept for the caller's thread: nothing is lost silently
+            self._failure = self._failure or exc
+
+    def _raise_failure(self) -> None:
+        failure, self._failure = self._failure, None
+        if failure is not None:
+            raise failure
+
+    def _send(self, entry: dict, send) -> None:
+        """`send` the entry to MLflow; if MLflow fails, or failed before, write it to the fallback file."""
         self._journal.append(entry)
         if not self.offline:
             try:
