@@ -72,8 +72,9 @@ def run_federated(spec, *, progress: bool = True, on_round=None, tags: dict | No
     """Run one federated experiment end to end and return its metrics.
 
     `on_round(round, metrics, checkpoint_path)` is called after each round, once its metrics are sent and its
-    checkpoint written (Tune reports through it; without it, a round's logging overlaps the next round). `resume` is a round checkpoint (`read_checkpoint`): the run continues after
-    its round, in the same MLflow run, and ends bitwise identical to an uninterrupted one.
+    checkpoint written (Tune reports through it; without it, a round's logging overlaps the next round).
+    `resume` is a round checkpoint (`read_checkpoint`): the run continues after its round, in the same MLflow run,
+    and ends bitwise identical to an uninterrupted one.
     """
     say = print if progress else (lambda *a, **k: None)
     started = time.perf_counter()
