@@ -197,40 +197,50 @@ def ray_head(cpus: int):
 
 
 @contextmanager
-def mlflow_server(root: str | Path):
-    """The tracking server cluster.yaml starts on a head (`mlflow server` on 127.0.0.1, a sqlite store and served
-    artifacts under `root`); yields its URI once it answers. Killed at the end, with its own workers."""
+def mlflow_server(root: str | Path, startup_timeout_s: float = 180):
+    """The tracking server cluster.yaml starts on a head: `mlflow server` on 127.0.0.1, a sqlite store, served
+    artifacts and its log (mlflow-server.log) under `root`. Yields (its URI, a function that kills it) once it
+    answers; always killed at the end, with its own workers. tests/test_tracking_fallback.py uses it too."""
     import signal
     import socket
     import subprocess
     import urllib.request
 
+    root = Path(root)
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     uri = f"http://127.0.0.1:{port}"
+    log = (root / "mlflow-server.log").open("w")
     server = subprocess.Popen(
         [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port), "--workers", "1",
-         "--backend-store-uri", f"sqlite:///{Path(root) / 'mlflow.db'}",
-         "--artifacts-destination", str(Path(root) / "mlartifacts")],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)  # its group: kill them all
+         "--backend-store-uri", f"sqlite:///{root / 'mlflow.db'}",
+         "--artifacts-destination", str(root / "mlartifacts")],
+        cwd=root, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)  # its own group: kill them all
+
+    def kill() -> None:
+        try:
+            os.killpg(server.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        server.wait(timeout=30)
+
     try:
-        deadline = time.monotonic() + 120
+        deadline = time.monotonic() + startup_timeout_s
         while True:
             try:
                 with urllib.request.urlopen(f"{uri}/health", timeout=2):
                     break
             except OSError:
                 if server.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError("mlflow server did not start") from None
+                    log.flush()
+                    raise RuntimeError(f"mlflow server did not start:\n"
+                                       f"{(root / 'mlflow-server.log').read_text()[-3000:]}") from None
                 time.sleep(0.3)
-        yield uri
+        yield uri, kill
     finally:
-        try:
-            os.killpg(server.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        server.wait(timeout=30)
+        kill()
+        log.close()
 
 
 class RoundClock:

@@ -105,7 +105,7 @@ def warm_case(tiny: bool, runs: int, cores: int) -> dict:
     """Start-up on a running cluster whose warm pool holds the quickstart's actors: a head and an MLflow server
     started here, one run that fills the pool (not counted), then `runs` runs from the shell and `runs` in this
     process, all logging to the server."""
-    with common.ray_head(cores) as root, common.mlflow_server(root) as uri:
+    with common.ray_head(cores) as root, common.mlflow_server(root) as (uri, _):
         shell_to_round_1(tiny, uri)  # fills the pool; not counted
         shell = [shell_to_round_1(tiny, uri) for _ in range(runs)]
         in_process = [quickstart_to_round_1(tiny, uri) for _ in range(runs)]

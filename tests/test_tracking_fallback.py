@@ -2,16 +2,9 @@
 loses nothing: the run goes on, its tracking in a local file."""
 from __future__ import annotations
 
-import contextlib
 import json
-import os
-import signal
-import socket
-import subprocess
 import sys
 import threading
-import time
-import urllib.request
 from pathlib import Path
 
 import pytest
@@ -19,47 +12,8 @@ import pytest
 from fedvlp.config import load_spec
 from fedvlp.platform.tracking import FALLBACK_FILE, RunTracker
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@contextlib.contextmanager
-def mlflow_server(tmp_path: Path, startup_timeout_s: float = 180):
-    """A real `mlflow server` on 127.0.0.1 with a sqlite store; yields (uri, kill). Always killed on exit."""
-    port = _free_port()
-    uri = f"http://127.0.0.1:{port}"
-    log = (tmp_path / "mlflow-server.log").open("w")
-    server = subprocess.Popen(
-        [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port), "--workers", "1",
-         "--backend-store-uri", f"sqlite:///{tmp_path / 'server.db'}",
-         "--artifacts-destination", str(tmp_path / "server-artifacts")],
-        cwd=tmp_path, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)  # its own group: kill them all
-
-    def kill() -> None:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(server.pid, signal.SIGKILL)
-        server.wait(timeout=30)
-
-    try:
-        deadline = time.monotonic() + startup_timeout_s
-        while True:
-            try:
-                with urllib.request.urlopen(f"{uri}/health", timeout=2) as response:
-                    if response.status == 200:
-                        break
-            except OSError:
-                pass
-            if server.poll() is not None or time.monotonic() > deadline:
-                log.flush()
-                pytest.fail(f"mlflow server did not start:\n{(tmp_path / 'mlflow-server.log').read_text()[-3000:]}")
-            time.sleep(0.5)
-        yield uri, kill
-    finally:
-        kill()
-        log.close()
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+from _common import mlflow_server  # noqa: E402  # the server cluster.yaml starts, as the benchmarks run it
 
 
 def metrics_of(step: int) -> dict[str, float]:
@@ -116,7 +70,7 @@ def test_the_tracker_sends_from_its_thread_in_order_and_raises_a_failure_once(tm
                             "tracking.experiment=order"])
     tracker = RunTracker(spec)
     release, seen = threading.Event(), []
-    tracker.then(release.wait)  # the thread is held: what is logged now only queues, the caller never waits
+    tracker.then(lambda: release.wait(30))  # the thread is held: what is logged now only queues
     tracker.log_metrics(1, metrics_of(1))
     tracker.then(lambda: seen.append(sorted(m.step for m in tracker.client.get_metric_history(tracker.run_id,
                                                                                               "test_mAP"))))
