@@ -244,8 +244,9 @@ class RunTracker:
                      lambda: self.client.log_text(self.run_id, json.dumps(obj, indent=2, sort_keys=True), name))
 
     def then(self, action) -> None:
-        """Call `action()` in the tracker's thread once everything logged before it is sent."""
-        self._queue(action)
+        """Call `action()` in the tracker's thread once everything queued before it is done."""
+        self._raise_failure()
+        self._last_sent = self._sender.submit(self._guarded, action)
 
     def end(self, status: str = "FINISHED") -> None:
         self._record({"event": "end", "status": status}, lambda: self.client.set_terminated(self.run_id, status))
@@ -265,11 +266,7 @@ class RunTracker:
 
     def _record(self, entry: dict, send) -> None:
         """Queue the entry: the thread sends it (`_send`) behind everything queued before it."""
-        self._queue(lambda: self._send(entry, send))
-
-    def _queue(self, work) -> None:
-        self._raise_failure()
-        self._last_sent = self._sender.submit(self._guarded, work)
+        self.then(lambda: self._send(entry, send))
 
     def _guarded(self, work) -> None:
         try:
