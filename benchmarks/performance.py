@@ -206,6 +206,19 @@ def fedmpt_round(r: dict) -> list[str]:
             "", caption(r, f"One client's local update, {r['torch_threads']} torch thread(s), medians")]
 
 
+def fedotp_round(r: dict) -> list[str]:
+    solve, update = r["cpu_ms_per_solve"], r["cpu_s_per_local_update"]
+    rows = [[arm, f"{solve[arm]:.2f}", f"{update[arm]:.3f}"] for arm in solve]
+    shape = " × ".join(str(d) for d in r["problem_shape"])
+    return [*table(["partial transport on", "CPU ms / solve", "CPU s / local update"], rows), "",
+            f"Log domain / float64 scalings: solve ×{r['solve_old_over_new']:.2f}, local update "
+            f"×{r['update_old_over_new']:.2f}; plans within {r['max_plan_difference']:.1e}, trained states within "
+            f"{r['max_state_difference']:.1e}.", "",
+            caption(r, f"FedOTP on fedotp_scenes: one minibatch's {shape} problems (ε = {r['epsilon']:g}, "
+                       f"{r['max_iter']} iterations at most), one client's local update ({r['samples']} samples, "
+                       f"{r['local_epochs']} epochs), {r['torch_threads']} torch thread(s), medians, alternating")]
+
+
 def soak(r: dict) -> list[str]:
     rows = [[name, f"{r['rss_mb_by_round'][str(r['from_round'])][name]:.0f}",
              f"{r['rss_mb_by_round'][str(r['to_round'])][name]:.0f}", f"{mb:+.1f}", verdict(mb, r["target_mb"])]
@@ -248,6 +261,7 @@ BLOCKS = {
     "startup": ("startup", startup, "python benchmarks/startup.py"),
     "sweep_trials": ("sweep_trials", sweep_trials, "python benchmarks/sweep_trials.py"),
     "fedmpt_round": ("fedmpt_round", fedmpt_round, "python benchmarks/fedmpt_round.py"),
+    "fedotp_round": ("fedotp_round", fedotp_round, "python benchmarks/fedotp_round.py"),
     "soak": ("soak", soak, "python benchmarks/soak.py"),
     "aggregation": ("aggregation", aggregation, "python benchmarks/aggregation.py"),
     "partition": ("partition", partition, "python benchmarks/partition.py"),

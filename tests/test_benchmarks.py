@@ -131,6 +131,15 @@ def test_fedmpt_round_at_tiny_size(results):
 
 
 @pytest.mark.usefixtures("tiny_clip")
+def test_fedotp_round_at_tiny_size(results):
+    r = tiny_run("fedotp_round", results)
+    assert set(r["cpu_ms_per_solve"]) == set(r["cpu_s_per_local_update"]) == {"log domain", "float64 scalings"}
+    assert r["problem_shape"][-2:] == [16, 2] and r["torch_threads"] == 1
+    assert r["max_plan_difference"] < 1e-5 and r["max_state_difference"] < 1e-5
+    rendered("fedotp_round", r)
+
+
+@pytest.mark.usefixtures("tiny_clip")
 def test_feature_cache_at_tiny_size(results):
     r = tiny_run("feature_cache", results)
     rnd = r["round"]
