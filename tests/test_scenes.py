@@ -454,13 +454,13 @@ def _centre_pixels(s: SceneSet) -> tuple[np.ndarray, np.ndarray]:
 
 def test_pretrain_is_drawn_in_the_source_palette_and_the_target_splits_in_the_shifted_one(train, decorrelated):
     """Nearest of the 8 palette colours (4 source, 4 target) to each clear object's centre pixel: the object's own
-    colour in the split's own palette. Measured: 282 pretrain, 89 train and 360 shift objects, all 100 % right;
+    colour in the split's own palette. Measured: 282 pretrain, 40 train and 360 shift objects, all 100 % right;
     median distance to the own palette 6.2 (pretrain) / 6.5 (train), to the other 55-61."""
     assert np.abs(TARGET_RGB - OBJECT_RGB).max(1).min() > 40   # every colour moved visibly
     palettes = np.concatenate([OBJECT_RGB, TARGET_RGB])
     for s, target in ((generate_scenes(N, "pretrain", 0), False), (train, True), (decorrelated, True)):
         rgb, colour = _centre_pixels(s)
-        assert len(colour) > 60
+        assert len(colour) > 30  # normal lighting is rare in the target splits: no context has it
         nearest = np.argmin(((rgb[:, None] - palettes[None]) ** 2).sum(-1), 1)
         assert (nearest == colour + 4 * target).mean() > 0.95
         own, other = (TARGET_RGB, OBJECT_RGB) if target else (OBJECT_RGB, TARGET_RGB)
