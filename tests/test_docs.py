@@ -1,9 +1,11 @@
 """The documentation site (mkdocs.yml, docs/) and the README: every shipped config and space is named on a page, every
-guide is in the nav, the README fits on two screens and its links hold, and `mkdocs build --strict` passes."""
+guide is in the nav, the README fits on two screens and its links hold, every study page is what `fedvlp report --page`
+builds from its folder, and `mkdocs build --strict` passes."""
 from __future__ import annotations
 
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -79,6 +81,19 @@ def test_the_readme_fits_on_two_screens_and_its_links_hold():
         if "://" not in target:
             path = REPO / target
             assert path.exists() or path in generated, target
+
+
+def test_every_study_page_is_rebuilt_from_its_folder(tmp_path):
+    """An about.md edited without `fedvlp report --page DIR` leaves a stale index.md on the site."""
+    from fedvlp.platform.report import MARK, PAGE, write_study_page
+
+    pages_found = [page for page in sorted(DOCS.glob("results/**/" + PAGE)) if page.read_text().startswith(MARK)]
+    assert len(pages_found) >= len(study_folders())
+    for n, page in enumerate(pages_found):
+        copy = tmp_path / str(n) / page.parent.name
+        shutil.copytree(page.parent, copy)
+        assert write_study_page(copy).read_text() == page.read_text(), f"{page.relative_to(REPO)} is stale: run " \
+            f"fedvlp report --page {page.parent.relative_to(REPO)}"
 
 
 def test_the_site_builds_strict(tmp_path):
