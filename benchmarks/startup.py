@@ -45,8 +45,8 @@ ALONE = {
                       "w.build_method(spec, w.load_backbone(spec), task)"),
     "coordinator": ("import torch, fedvlp.platform.coordinator, fedvlp.platform.aggregation, "
                     "fedvlp.platform.client_states"),
-    "ray.init": ("import ray, sys; sys.path.insert(0, {bench!r}); import _common as c; t = c.tree_cpu_seconds(); "
-                 "ray.init(address='local', num_cpus=2, include_dashboard=False); print(c.tree_cpu_seconds() - t); "
+    "ray.init": ("import ray, sys; sys.path.insert(0, {bench!r}); import _common as c; cpu = c.TreeCpu(); "
+                 "ray.init(address='local', num_cpus=2, include_dashboard=False); print(cpu()); "
                  "ray.shutdown()"),
 }
 

@@ -98,6 +98,32 @@ def test_a_write_to_disk_is_timed_to_the_fsync_of_the_file_and_its_folder(tmp_pa
 
 # ---------------------------------------------------------------- no Ray
 
+BURN = ("import os, sys, time; t = time.process_time(); "
+        "exec('while time.process_time() - t < float(sys.argv[1]): pass'); "
+        "print(os.getpid(), flush=True); time.sleep(float(sys.argv[2]))")
+
+
+def test_tree_cpu_counts_a_descendant_from_the_meter_on_and_keeps_it_once_gone():
+    """A child's CPU before the meter is not counted, a grandchild's after it is, and it stays counted once the
+    grandchild has left the tree (a sum over the live tree fell below zero when a used Ray's workers exited)."""
+    old = subprocess.Popen([sys.executable, "-c", BURN, "0.6", "60"], stdout=subprocess.PIPE, text=True)
+    middle = None
+    try:
+        old.stdout.readline()  # it has burnt 0.6 CPU s
+        cpu = common.TreeCpu()
+        subprocess.run([sys.executable, "-c", BURN, "0.1", "0"], check=True, stdout=subprocess.DEVNULL)  # unseen
+        middle = subprocess.Popen([sys.executable, "-c", "import subprocess, sys; subprocess.run(sys.argv[1:])",
+                                   sys.executable, "-c", BURN, "0.5", "60"], stdout=subprocess.PIPE, text=True)
+        grandchild = int(middle.stdout.readline())
+        alive = cpu()
+        assert 0.5 <= alive < 1.0  # the grandchild's 0.5 s and two start-ups; none of the old child's 0.6 s
+        middle.kill(), middle.wait()  # the grandchild is orphaned: it leaves this process's tree
+        assert alive <= cpu() < alive + 0.2  # it keeps its last reading
+        os.kill(grandchild, 9)
+    finally:
+        old.kill()
+
+
 def test_checkpoint_at_tiny_size(results):
     r = tiny_run("checkpoint", results)
     assert r["clients"] == 200 and r["new_mib"] > 0.35  # 200 x 2 KB, stacked
