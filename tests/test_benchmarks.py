@@ -107,7 +107,6 @@ def test_tree_cpu_counts_a_descendant_from_the_meter_on_and_keeps_it_once_gone()
     """A child's CPU before the meter is not counted, a grandchild's after it is, and it stays counted once the
     grandchild has left the tree (a sum over the live tree fell below zero when a used Ray's workers exited)."""
     old = subprocess.Popen([sys.executable, "-c", BURN, "0.6", "60"], stdout=subprocess.PIPE, text=True)
-    middle = None
     try:
         old.stdout.readline()  # it has burnt 0.6 CPU s
         cpu = common.TreeCpu()
