@@ -2,42 +2,90 @@
 
 Val is drawn under the training setting: 70 % of the samples miss a modality (half their text, half their image).
 
-1. Prompts that know the missing modality pay: Centralized-P (the shipped centralized_p_recipes: one client, all
-   the data) ends at least PROMPT_GAIN above the same model without prompts (`method.prompt_length=0`: the
-   trainable pooler and head alone, same settings).
+1. Prompts that know the missing modality pay: Centralized-P (the shipped centralized_p_recipes: one client holding
+   FedAvg-P's ten clients' data pooled, their missing codes included) ends at least PROMPT_GAIN above the same model
+   without prompts (`method.prompt_length=0`: the trainable pooler and head alone, same settings).
 2. Heterogeneity costs FedAvg: FedAvg-P (fedavg_p_recipes: 10 clients, Dirichlet 0.5, each client its own share of
    missing texts and images, missing-client skew 0.5) ends at least FEDERATION_COST below Centralized-P.
 
-Whole fedvlp runs (Ray, a scratch MLflow store), scoring val, never test, on the configs' evaluation schedule, so
-each arm's val curve is recorded too (has it flattened by the last round?). Differences are paired by seed, with
-95 % t intervals. Writes benchmarks/results/recipes_world.json. Run: python benchmarks/recipes_world.py
+Whole fedvlp runs (Ray, a scratch MLflow store each), scoring val, never test, on the configs' evaluation schedule,
+so each arm's val curve is recorded too (has it flattened by the last round?). A run's figure is the protocol's
+readout (`READOUT`: the mean of its last three evaluations); the last evaluation alone is recorded beside it.
+Differences are paired by seed, with 95 % t intervals. `--jobs` runs go side by side, each on one ClientWorker
+(a run's metrics do not depend on its number of workers). Writes benchmarks/results/recipes_world.json.
+Run: python benchmarks/recipes_world.py
 """
 from __future__ import annotations
 
 import argparse
+import multiprocessing
+import os
 import time
+from concurrent.futures import ProcessPoolExecutor
 
 import numpy as np
-from _common import bench_spec, machine, parse_args, write_results
+from _common import SCRATCH, bench_spec, machine, parse_args, write_results
 
-from fedvlp.platform.engine import run_federated
+from fedvlp.platform.metrics import readout
 from fedvlp.platform.report import interval
 
 PROMPT_GAIN = 0.05
 FEDERATION_COST = 0.05
+METRIC = "val_accuracy"
+LAST_EVALUATIONS = 3  # the protocol's readout: a run's figure is the mean of its last three evaluations
 
 ARMS = {
     "Centralized-P": ("centralized_p_recipes", []),
     "Centralized, no prompts": ("centralized_p_recipes", ["method.prompt_length=0"]),
     "FedAvg-P": ("fedavg_p_recipes", []),
 }
+DIAGNOSTICS = (("Centralized-P - no prompts", "Centralized, no prompts", PROMPT_GAIN),
+               ("Centralized-P - FedAvg-P", "FedAvg-P", FEDERATION_COST))
 
 
-def judge(arms: dict[str, list[float]]) -> dict:
+def readouts(curve: dict[int, float]) -> dict[str, float]:
+    """A run's figure two ways: its last evaluation, and the mean of its last LAST_EVALUATIONS (round 0 excluded)."""
+    return {"last": readout(curve, 1), "mean_last3": readout(curve, LAST_EVALUATIONS)}
+
+
+def _run(config: str, overrides: list[str], tiny: bool) -> dict[int, float]:
+    """One whole run in this process (its own local Ray and MLflow store): its val curve, round 0 included."""
+    from fedvlp.platform.engine import run_federated
+
+    store = SCRATCH / f"recipes-world-{os.getpid()}.db"
+    spec = bench_spec(config, [*overrides, f"tracking.uri=sqlite:///{store}", "resources.workers=1"], tiny)
+    result = run_federated(spec, progress=False)
+    return {0: result.initial[METRIC], **{h["round"]: h[METRIC] for h in result.history if METRIC in h}}
+
+
+def run_arms(arms: dict[str, tuple[str, list[str]]], seeds: list[int], overrides: list[str], jobs: int,
+             tiny: bool = False) -> dict[str, list[dict[int, float]]]:
+    """Each arm's val curve at each seed (in seed order): `jobs` runs at a time, each in a fresh process, or one
+    after the other in this process (and its Ray, if one is up) with `jobs` 1."""
+    tasks = {(name, seed): (config, [*overrides, *arm_overrides, f"seed={seed}"], tiny)
+             for name, (config, arm_overrides) in arms.items() for seed in seeds}
+    curves = {}
+
+    def done(key, curve):
+        curves[key] = curve
+        print(f"{key[0]} seed {key[1]}: val curve {', '.join(f'{r}: {v:.3f}' for r, v in curve.items())}", flush=True)
+
+    if jobs == 1:
+        for key, task in tasks.items():
+            done(key, _run(*task))
+    else:
+        context = multiprocessing.get_context("spawn")
+        with ProcessPoolExecutor(jobs, mp_context=context, max_tasks_per_child=1) as pool:
+            futures = {key: pool.submit(_run, *task) for key, task in tasks.items()}
+            for key, future in futures.items():
+                done(key, future.result())
+    return {name: [curves[name, seed] for seed in seeds] for name in arms}
+
+
+def judge(figures: dict[str, list[float]]) -> dict:
     out = {}
-    for name, other, target in (("Centralized-P - no prompts", "Centralized, no prompts", PROMPT_GAIN),
-                                 ("Centralized-P - FedAvg-P", "FedAvg-P", FEDERATION_COST)):
-        diff = np.subtract(arms["Centralized-P"], arms[other])
+    for name, other, target in DIAGNOSTICS:
+        diff = np.subtract(figures["Centralized-P"], figures[other])
         mean, half, _ = interval(diff)
         out[name] = {"mean": mean, "ci95_half_width": half, "per_seed": [float(d) for d in diff],
                      "target": f">= {target}", "holds": mean >= target}
@@ -46,27 +94,23 @@ def judge(arms: dict[str, list[float]]) -> dict:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
+    parser.add_argument("--jobs", type=int, default=2, help="runs side by side, one core each")
     parser.add_argument("--set", dest="overrides", action="append", default=[],
                         help="applied to every arm (an arm's own settings win)")
-    args = parse_args(parser, argv, __file__, tiny={"seeds": [0, 1], "overrides": ["federation.rounds=1"]})
+    args = parse_args(parser, argv, __file__, tiny={"seeds": [0, 1], "jobs": 1,
+                                                                 "overrides": ["federation.rounds=1"]})
     tic = time.perf_counter()
-    arms: dict[str, list[float]] = {}
-    curves: dict[str, list[dict[int, float]]] = {}
-    for name, (config, overrides) in ARMS.items():
-        for seed in args.seeds:
-            spec = bench_spec(config, [*args.overrides, *overrides, f"seed={seed}"], args.tiny)
-            result = run_federated(spec, progress=False)
-            arms.setdefault(name, []).append(result.final["val_accuracy"])
-            curves.setdefault(name, []).append({0: result.initial["val_accuracy"], **{
-                h["round"]: h["val_accuracy"] for h in result.history if "val_accuracy" in h}})
-            print(f"{name} seed {seed}: val accuracy {arms[name][-1]:.4f}, curve "
-                  f"{', '.join(f'{r}: {v:.3f}' for r, v in curves[name][-1].items())}", flush=True)
-    figures = {"machine": machine(), "seeds": args.seeds, "overrides": args.overrides, "val_accuracy": arms,
-               "val_curves": curves, "diagnostics": judge(arms), "wall_seconds": time.perf_counter() - tic}
+    curves = run_arms(ARMS, args.seeds, args.overrides, args.jobs, args.tiny)
+    by_readout = {kind: {name: [readouts(c)[kind] for c in arm] for name, arm in curves.items()}
+                  for kind in ("mean_last3", "last")}
+    figures = {"machine": machine(), "seeds": args.seeds, "overrides": args.overrides, "readout": "mean_last3",
+               METRIC: by_readout["mean_last3"], f"{METRIC}_last": by_readout["last"], "val_curves": curves,
+               "diagnostics": judge(by_readout["mean_last3"]), "diagnostics_last": judge(by_readout["last"]),
+               "wall_seconds": time.perf_counter() - tic}
     for name, d in figures["diagnostics"].items():
         print(f"{'holds' if d['holds'] else 'FAILS'}  {name}: {d['mean']:+.4f} ± {d['ci95_half_width']:.4f} "
-              f"(target {d['target']})")
+              f"(target {d['target']}; mean of the last {LAST_EVALUATIONS} evaluations)")
     write_results("recipes_world", figures, args)
 
 

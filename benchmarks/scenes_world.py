@@ -36,8 +36,8 @@ MASK_COST = 0.03
 
 # name: (config, overrides); every one scored on val after its last round
 ARMS = {
-    "central PromptFL": ("quickstart", ["federation.clients=1", "federation.heterogeneity=0"]),
-    "central DualCoOp": ("dualcoop_scenes", ["federation.clients=1", "federation.heterogeneity=0"]),
+    "central PromptFL": ("quickstart", ["federation.clients=1", "federation.pooled_from=10"]),
+    "central DualCoOp": ("dualcoop_scenes", ["federation.clients=1", "federation.pooled_from=10"]),
     "PromptFL t=0": ("quickstart", ["federation.heterogeneity=0"]),
     "PromptFL t=1": ("quickstart", ["federation.heterogeneity=1"]),
     "PromptFL mask 0.1": ("quickstart", ["data.label_mask=0.1"]),

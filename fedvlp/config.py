@@ -97,6 +97,9 @@ class VirtualClockSpec:
 @dataclass(frozen=True)
 class FederationSpec:
     clients: int = spec_field(10, "number of virtual clients N", ge=1)
+    pooled_from: int | None = spec_field(
+        None, "a centralised arm (clients: 1): its one client holds the pooled data of this many clients, partitioned "
+        "and given their missing patterns exactly as the federated run with that many clients", ge=2)
     participation: float = spec_field(
         1.0, "fraction rho of clients sampled per round, max(1, round(rho*N))", gt=0, le=1)
     partition: str = spec_field(
@@ -108,6 +111,9 @@ class FederationSpec:
     dirichlet_alpha: float = spec_field(0.5, "single-label skew: per class, client shares ~ Dir(alpha)", gt=0)
     rounds: int = spec_field(5, "federated rounds", ge=1)
     eval_every: int = spec_field(1, "evaluate the global model every this many rounds (and after the last)", ge=1)
+    readout_evaluations: int = spec_field(
+        1, "a run's figure for each metric, what sweeps, tuning and reports read, is the mean of its last this many "
+        "evaluations (1: the last round's)", ge=1)
     on_client_failure: Literal["drop", "retry"] = spec_field(
         "drop", "a client update that fails (its worker died, it raised, or it hung past resources.round_timeout_s): "
         "drop it from the round, or retry it (a dead worker is replaced either way)")
@@ -398,7 +404,21 @@ def build_spec(raw: dict) -> RunSpec:
                                federation=_checked_federation(spec.federation), server=_checked_server(spec.server))
     _check_backbone(spec, cls.backbone_kind)
     _check_privacy(spec, cls)
+    _check_centralised(spec)
     return spec
+
+
+def _check_centralised(spec: RunSpec) -> None:
+    """One client stands for "all the data in one place" only if its data is a federated partition pooled:
+    a draw of its own (one Beta share of missing images for the whole set) would be another dataset."""
+    fed, data = spec.federation, spec.data
+    if fed.pooled_from is not None and fed.clients != 1:
+        raise ConfigError(f"federation.pooled_from: pools a federated partition into one client; expected "
+                          f"federation.clients: 1, got {fed.clients}")
+    if fed.clients == 1 and fed.pooled_from is None and data.missing_client_skew > 0:
+        raise ConfigError(f"data.missing_client_skew: {data.missing_client_skew} makes clients differ in their "
+                          f"missing pattern, but federation.clients is 1; expected federation.pooled_from (the "
+                          f"federated run's client count, whose data the one client pools) or missing_client_skew: 0")
 
 
 def _check_privacy(spec: RunSpec, method_cls) -> None:

@@ -210,10 +210,33 @@ def test_recipes_world_at_tiny_size(results, ray_cluster):
     assert cost["per_seed"] == pytest.approx(np.subtract(r["val_accuracy"]["Centralized-P"],
                                                          r["val_accuracy"]["FedAvg-P"]).tolist())
     assert set(r["diagnostics"]) == {"Centralized-P - no prompts", "Centralized-P - FedAvg-P"}
-    # each arm's val curve: round 0, then the evaluated rounds, ending at the final score
+    # each arm's val curve: round 0, then the evaluated rounds; its figure the mean of the last three evaluations
     for name, curves in r["val_curves"].items():
         assert [list(c)[:1] for c in curves] == [["0"], ["0"]]
-        assert [c[max(c, key=int)] for c in curves] == r["val_accuracy"][name]
+        assert [c[max(c, key=int)] for c in curves] == r["val_accuracy_last"][name]
+        assert [np.mean([c[k] for k in sorted(c, key=int)[1:][-3:]]) for c in curves] == \
+            pytest.approx(r["val_accuracy"][name])
+
+
+def test_a_runs_readout_is_its_last_evaluation_or_the_mean_of_its_last_three():
+    readouts = importlib.import_module("recipes_world").readouts
+    assert readouts({0: 0.1, 2: 0.5, 4: 0.4, 6: 0.6, 8: 0.2}) == {"last": 0.2, "mean_last3": pytest.approx(0.4)}
+    assert readouts({0: 0.1, 2: 0.5}) == {"last": 0.5, "mean_last3": 0.5}  # round 0 (untrained) never counts
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("tiny_vilt")
+def test_recipes_noise_at_tiny_size(results, ray_cluster):
+    r = tiny_run("recipes_noise", results)
+    assert r["seeds"] == [100, 101] and r["val_sizes"] == [64, 128]  # tuning seeds only
+    assert set(r["spread"]) == {f"val {n}, {k}" for n in (64, 128) for k in ("last", "mean_last3")}
+    row = r["spread"]["val 128, last"]
+    finals = {name: [c[max(c, key=int)] for c in curves] for name, curves in r["val_curves"]["128"].items()}
+    assert row["FedAvg-P"]["sd"] == pytest.approx(np.std(finals["FedAvg-P"], ddof=1))
+    assert row["Centralized-P - FedAvg-P"]["mean"] == pytest.approx(
+        np.mean(finals["Centralized-P"]) - np.mean(finals["FedAvg-P"]))
+    with pytest.raises(SystemExit):  # an evaluation seed never chooses the protocol
+        importlib.import_module("recipes_noise").main(["--tiny", "--seeds", "0", "1"])
 
 
 # ---------------------------------------------------------------- the bare loop against fedvlp

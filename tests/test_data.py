@@ -116,3 +116,81 @@ def test_feature_cache_keys_and_partial_entries(tmp_path):
     assert cache.get(other) is None
     (tmp_path / f"{key}.npy").write_bytes((tmp_path / f"{key}.npy").read_bytes()[:100])
     assert cache.get(key) is None
+
+
+# ---------------------------------------------------------------- centralised arms: a federated partition, pooled
+
+def _pooled(parts: list[np.ndarray]) -> np.ndarray:
+    return np.sort(np.concatenate(parts))
+
+
+@pytest.mark.parametrize("kind", ["text", "image", "both"])
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_centralized_p_trains_on_fedavg_p_clients_pooled(seed, kind):
+    """Centralized-P's one client holds FedAvg-P's ten clients' samples with the very missing codes each client had
+    (drawn with the missing-client skew for the federated partition, then pooled), not a draw of its own."""
+    overrides = [f"seed={seed}", f"data.missing_type={kind}"]
+    central = prepare_data(load_spec("centralized_p_recipes", overrides))
+    federated = prepare_data(load_spec("fedavg_p_recipes", overrides))
+    assert len(central.parts) == 1 and len(federated.parts) == 10
+    samples = _pooled(federated.parts)
+    assert np.array_equal(central.parts[0], samples)
+    assert np.array_equal(central.train_missing[central.parts[0]], federated.train_missing[samples])
+    for part in federated.parts:  # each federated client's codes stand at its own samples in the pool
+        assert np.array_equal(central.train_missing[part], federated.train_missing[part])
+    assert np.array_equal(central.dataset.train.labels, federated.dataset.train.labels)
+    assert central.dataset.train.texts == federated.dataset.train.texts
+    assert np.array_equal(central.holdout_missing, federated.holdout_missing)
+    assert np.array_equal(central.local_tests[0], _pooled(federated.local_tests))
+    assert np.array_equal(central.val_missing, federated.val_missing)  # val and test never depend on the clients
+
+
+@pytest.mark.parametrize("space", ["fedprime_settings", "missing_rate"])
+def test_studies_centralised_variant_pools_its_federated_counterpart(space):
+    from fedvlp.platform.sweep import load_sweep, trial_spec
+
+    sweep = load_sweep(space)
+    point = next(iter(p for p in [{"data.missing_type": "both"}, {"data.missing_rate": 0.5}] if set(p) <= set(
+        sweep.space)))
+    central, federated = (prepare_data(trial_spec(sweep, {"seed": 1, "variant": v, **point}, "test"))
+                          for v in ("centralized_p", "fedavg_p"))
+    assert np.array_equal(central.parts[0], _pooled(federated.parts))
+    assert np.array_equal(central.train_missing, federated.train_missing)
+
+
+@pytest.mark.parametrize("config, overrides", [
+    ("quickstart", ["data.label_mask=0.5"]),                                 # central PromptFL, hidden labels
+    ("dualcoop_scenes", ["federation.heterogeneity=1.0"]),                   # central DualCoOp
+])
+def test_one_client_multilabel_arm_holds_the_federated_clients_data(config, overrides):
+    """The multi-label world's centralised arms (scenes_world's one-client PromptFL and DualCoOp): the same samples,
+    label masks, scene conditions and styles as the ten clients of the federated run, pooled."""
+    from fedvlp.data.scenes import generate_scenes
+
+    small = ["data.num_train=400", "data.num_val=50", "data.num_test=50", "data.num_holdout=100", *overrides]
+    federated = prepare_data(load_spec(config, small))
+    for central_overrides in (["federation.clients=1", "federation.pooled_from=10"], ["federation.clients=1"]):
+        central = prepare_data(load_spec(config, small + central_overrides))
+        samples = _pooled(federated.parts)
+        assert np.array_equal(central.parts[0], samples)
+        assert np.array_equal(central.train_labels[central.parts[0]], federated.train_labels[samples])
+        assert central.dataset.train.images.cache_key() == federated.dataset.train.images.cache_key()
+    if "data.label_mask=0.5" in overrides:
+        assert (central.train_labels == -1).mean() > 0.4
+    scenes = generate_scenes(400, "train", 0, render=False)
+    for name, values in scenes.conditions.items():  # conditions and styles come with the sample, not the client
+        assert np.array_equal(values[central.parts[0]], np.concatenate([values[p] for p in federated.parts])[
+            np.argsort(np.concatenate(federated.parts))]), name
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["federation.clients=1"], r"data\.missing_client_skew: 0\.5 makes clients differ .* expected "
+                               r"federation\.pooled_from"),
+    (["federation.pooled_from=10"], r"federation\.pooled_from: pools a federated partition into one client; "
+                                    r"expected federation\.clients: 1, got 10"),
+    (["federation.clients=1", "federation.pooled_from=1"], r"federation\.pooled_from: expected a value >= 2"),
+    (["federation.clients=1", "federation.pooled_from=5000"], r"federation\.pooled_from: 5000 clients but only"),
+])
+def test_a_one_client_arm_must_say_it_pools_a_partition(overrides, message):
+    with pytest.raises(ConfigError, match=message):
+        prepare_data(load_spec("fedavg_p_recipes", overrides))

@@ -57,3 +57,30 @@ def test_missing_rate_study_runs_centralized_p_as_its_run_config_defines_it():
     assert central.method.name == "fedavg_p" and central.method.params == load_spec(
         "centralized_p_recipes").method.params == federated.method.params
     assert central.data == federated.data and central.data.missing_rate == 0.5
+
+
+@pytest.mark.parametrize("config", ["fedavg_p_recipes", "fedprime_recipes"])
+def test_prompt_lr_moves_the_prompts_alone_at_their_own_rate(config):
+    """method.prompt_lr: one SGD step moves every prompt parameter by prompt_lr x its gradient and the pooler and
+    head by lr x theirs; unset, everything moves at lr (the reference)."""
+    from fedvlp.backbones import load_backbone
+    from fedvlp.data.recipes import CLASS_NAMES
+    from fedvlp.methods.base import Task
+    from fedvlp.methods.fedprime import prompt_sgd
+    from fedvlp.platform.worker import build_method
+
+    spec = load_spec(config, ["backbone.pretrained=none"])
+    method = build_method(spec, load_backbone(spec), Task(list(CLASS_NAMES), multilabel=False))
+    trainable = method.trainable_parameters()
+    prompts = [p for name, p in method.named_parameters() if p.requires_grad and "pool" in name.split(".")[0]
+               or name == "prompts"]
+    assert prompts and len(prompts) < len(trainable)
+    for p in trainable:
+        p.grad = torch.ones_like(p)
+    for prompt_lr, expected in ((None, 0.1), (2.0, 2.0)):
+        before = [p.detach().clone() for p in trainable]
+        prompt_sgd(trainable, prompts, 0.1, prompt_lr).step()
+        prompt_ids = {id(p) for p in prompts}
+        for p, b in zip(trainable, before):
+            step = expected if id(p) in prompt_ids else 0.1
+            assert torch.allclose(b - p.detach(), torch.full_like(b, step)), (prompt_lr, p.shape)

@@ -85,19 +85,23 @@ def load_dataset(spec) -> Dataset:
 
 
 def partition_clients(labels: np.ndarray, multilabel: bool, spec) -> list[np.ndarray]:
-    """Sample indices of each virtual client, by the partition rule the spec names (`fedvlp list partitioners`)."""
+    """Sample indices of each virtual client, by the partition rule the spec names (`fedvlp list partitioners`).
+    A centralised arm (`federation.pooled_from`) is partitioned as its federated counterpart; `prepare_data`
+    pools the parts once the missing patterns are drawn."""
     from fedvlp.data.partition import PARTITIONERS
 
     fed = spec.federation
     name = fed.partition if fed.partition != "auto" else ("heterogeneity" if multilabel else "dirichlet")
     partitioner = PARTITIONERS.get(name)
-    if fed.clients > len(labels):
-        raise ConfigError(f"federation.clients: {fed.clients} clients but only {len(labels)} training samples")
+    clients = fed.pooled_from or fed.clients
+    key = "federation.pooled_from" if fed.pooled_from else "federation.clients"
+    if clients > len(labels):
+        raise ConfigError(f"{key}: {clients} clients but only {len(labels)} training samples")
     if partitioner.labels == "single" and multilabel:
         raise ConfigError(f"federation.partition: {name} needs single-label data; {spec.data.name} is multi-label")
     if partitioner.labels == "multilabel" and not multilabel:
         raise ConfigError(f"federation.partition: {name} needs multi-label data; {spec.data.name} is single-label")
-    return partitioner.split(labels, fed.clients, spec.seed, fed)
+    return partitioner.split(labels, clients, spec.seed, fed)
 
 
 def prepare_data(spec) -> FederatedData:
@@ -118,8 +122,6 @@ def prepare_data(spec) -> FederatedData:
     n = len(dataset.train)
     union = np.concatenate([dataset.train.labels, holdout.labels])
     parts_union = partition_clients(union, dataset.multilabel, spec)
-    parts = [p[p < n] for p in parts_union]
-    local_tests = [p[p >= n] - n for p in parts_union]
     train_missing = holdout_missing = val_missing = eval_missing = None
     if dataset.train.texts is not None:
         table = client_missing_tables(parts_union, len(union), data.missing_rate, data.missing_type,
@@ -129,4 +131,8 @@ def prepare_data(spec) -> FederatedData:
         eval_missing = eval_tables(len(dataset.test), data.missing_rate, data.missing_type, spec.seed)
     elif data.missing_rate > 0:
         raise ConfigError(f"data.missing_rate: {dataset.name} has no text modality to miss")
+    if spec.federation.pooled_from:  # the centralised arm: the federated clients' data, codes and all, in one place
+        parts_union = [np.sort(np.concatenate(parts_union))]
+    parts = [p[p < n] for p in parts_union]
+    local_tests = [p[p >= n] - n for p in parts_union]
     return FederatedData(dataset, labels, parts, local_tests, train_missing, holdout_missing, val_missing, eval_missing)

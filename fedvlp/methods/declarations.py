@@ -81,6 +81,8 @@ class FedAvgPParams:
               "capped at the depth)", ge=1)
     prox_mu: float = spec_field(0.0, "FedProx proximal weight mu (0: FedAvg-P)", ge=0)
     lr: float = spec_field(0.05, "SGD learning rate", gt=0, tune=VILT_LR_RANGE)
+    prompt_lr: float | None = spec_field(None, "SGD learning rate of the prompts (null: lr, as the reference); the "
+                                               "pooler and head keep lr", gt=0)
     batch_size: int = spec_field(64, "local batch size", ge=1)
     local_epochs: int = spec_field(1, "local epochs per round", ge=1, tune=VILT_EPOCHS_RANGE)
 
@@ -210,6 +212,8 @@ class FedPrimeParams:
         "sample", "top-k per sample (paper), or the reference's batch-wise majority selection")
     retrieval_weight: float = spec_field(0.01, "weight of the retrieval regulariser", ge=0)
     lr: float = spec_field(0.05, "SGD learning rate (reference: 0.05 on Food-101)", gt=0, tune=VILT_LR_RANGE)
+    prompt_lr: float | None = spec_field(None, "SGD learning rate of both prompt pools (prompts and query projections; "
+                                               "null: lr, as the reference); the pooler and head keep lr", gt=0)
     batch_size: int = spec_field(64, "local batch size", ge=1)
     local_epochs: int = spec_field(1, "local epochs per round (reference: 1)", ge=1, tune=VILT_EPOCHS_RANGE)
     outer_loops: int = spec_field(5, "server clustering: alternations of Adam steps and Hungarian matching", ge=1)

@@ -10,7 +10,8 @@ cross-entropy. Prompts, pooler and classifier are averaged by FedAvg weighted by
 Prompts start at zero with one row of ones that differs per type, as in the reference
 (complete: token 0, image missing: token 1, text missing: token 2). FedProx-P adds
 (prox_mu / 2) * ||w - w_global||^2 over the trainable parameters to the local loss.
-The centralised upper bound (Centralized-P) is this method with `federation.clients: 1`.
+The centralised upper bound (Centralized-P) is this method with `federation.clients: 1` and
+`federation.pooled_from: 10`: FedAvg-P's ten clients' data and missing codes, pooled.
 
 Size, on any ViLT: the reference's (FED-PRIME's FedAvg_P baseline: prompt_type input, length 16,
 layers 0..5 of ViLT-B's 12) by one rule. The token count stays at 16: a token already has the
@@ -27,7 +28,7 @@ from fedvlp.data.missing import FULL, MISSING_IMAGE, MISSING_TEXT
 from fedvlp.methods import declarations
 from fedvlp.methods.base import ClientData, Method, TokenInputs
 from fedvlp.methods.declarations import FedAvgPParams
-from fedvlp.methods.fedprime import token_inputs, trainable_pooler, vilt_classifier
+from fedvlp.methods.fedprime import prompt_sgd, token_inputs, trainable_pooler, vilt_classifier
 from fedvlp.methods.registry import register
 
 ONES_ROW = {FULL: 0, MISSING_IMAGE: 1, MISSING_TEXT: 2}  # the reference's one-hot-like initial rows
@@ -71,7 +72,8 @@ class FedAvgP(declarations.FedAvgP, Method):
                 loss = loss + mu / 2 * sum(((p - p0) ** 2).sum() for p, p0 in zip(trainable, start))
             return loss
 
-        return self.train_epochs(data, generator, torch.optim.SGD(trainable, lr=self.params.lr), batch_loss)
+        optimizer = prompt_sgd(trainable, [self.prompts], self.params.lr, self.params.prompt_lr)
+        return self.train_epochs(data, generator, optimizer, batch_loss)
 
 
 @register

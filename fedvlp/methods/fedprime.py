@@ -60,6 +60,17 @@ def token_inputs(features: torch.Tensor, missing: torch.Tensor | None) -> TokenI
     return TokenInputs(features, features.abs().amax(-1) > 0, missing)
 
 
+def prompt_sgd(trainable: list[torch.nn.Parameter], prompts: list[torch.nn.Parameter], lr: float,
+               prompt_lr: float | None) -> torch.optim.SGD:
+    """Plain SGD at `lr`, the prompts at `prompt_lr` where one is given (the ViLT prompt methods' method.prompt_lr)."""
+    if prompt_lr is None:
+        return torch.optim.SGD(trainable, lr=lr)
+    ids = {id(p) for p in prompts}
+    groups: list[dict] = [{"params": [p for p in trainable if id(p) in ids], "lr": prompt_lr},
+                          {"params": [p for p in trainable if id(p) not in ids]}]
+    return torch.optim.SGD(groups, lr=lr)
+
+
 @register
 class FedPrime(declarations.FedPrime, Method):
     global_evaluation = "initial"  # the reference's server model keeps the query projections at their seeded start
@@ -112,5 +123,6 @@ class FedPrime(declarations.FedPrime, Method):
 
         if self.inter_pool is not None:
             self.inter_pool.reset_selection()  # what this client retrieves in this round
-        optimizer = torch.optim.SGD(self.trainable_parameters(), lr=self.params.lr)
+        pools = [p for pool in (self.intra_pool, self.inter_pool) if pool is not None for p in pool.parameters()]
+        optimizer = prompt_sgd(self.trainable_parameters(), pools, self.params.lr, self.params.prompt_lr)
         return self.train_epochs(data, generator, optimizer, batch_loss)
