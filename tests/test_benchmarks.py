@@ -373,3 +373,16 @@ def test_the_page_check_catches_a_figure_that_differs_from_its_json(results):
     (results / "checkpoint.json").write_text(json.dumps(record))
     with pytest.raises(performance.TinyResults):
         performance.stale_blocks(fresh, results)
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("tiny_vilt")
+def test_recipes_levers_at_tiny_size(results, ray_cluster):
+    r = tiny_run("recipes_levers", results)
+    assert r["seeds"] == [100, 101] and r["levers"] == {"prompt lr x10": ["method.prompt_lr=0.7617"]}
+    assert set(r["val_accuracy"]) == {"Centralized-P", "Centralized, no prompts", "Centralized-P, prompt lr x10"}
+    lever = r["headroom"]["Centralized-P, prompt lr x10"]
+    assert lever["mean"] == pytest.approx(np.mean(r["val_accuracy"]["Centralized-P, prompt lr x10"])
+                                          - np.mean(r["val_accuracy"]["Centralized, no prompts"]))
+    with pytest.raises(SystemExit):
+        importlib.import_module("recipes_levers").main(["--tiny", "--lever", "no value"])

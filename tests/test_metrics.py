@@ -286,3 +286,13 @@ def test_readout_is_the_mean_of_the_last_evaluations_after_training():
     assert readout({0: 0.1}, 3) == 0.1                      # nothing trained yet: round 0 is all there is
     with pytest.raises(ValueError, match="readout"):
         readout({}, 3)
+
+
+def test_run_table_shows_the_readout_column_only_when_runs_average_evaluations():
+    from fedvlp.cli import format_table
+
+    plain = format_table({"val_accuracy": 0.1}, {"val_accuracy": 0.5}, 10).splitlines()
+    assert plain[0].split() == ["metric", "split", "round", "0", "round", "10"]
+    averaged = format_table({"val_accuracy": 0.1}, {"val_accuracy": 0.5}, 10, {"val_accuracy": 0.45}).splitlines()
+    assert averaged[0].split()[-1] == "readout" and averaged[2].split() == ["accuracy", "val", "0.1000", "0.5000",
+                                                                            "0.4500"]
