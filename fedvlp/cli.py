@@ -273,8 +273,7 @@ def _run(args) -> None:
 
     result = run_federated(spec, progress=not args.quiet, resume=resume)
     print()
-    print(format_table(result.initial, result.final, spec.federation.rounds,
-                       result.readout if spec.federation.readout_evaluations > 1 else None))
+    print(format_table(result.initial, result.final, spec.federation.rounds))
     print(f"\nMLflow run {result.run_id} in {result.tracking_uri}")
     _dashboard(result.tracking_uri, spec.tracking.experiment, result.run_id)
 
@@ -312,20 +311,17 @@ def _dashboard(uri: str, experiment: str, run_id: str | None = None, metric: str
 TABLE_KEYS = ("mAP", "CF1", "OF1", "hallucination_gap", "accuracy", "macro_f1")  # the rest are in MLflow
 
 
-def format_table(initial: dict, final: dict, rounds: int, readout: dict | None = None) -> str:
+def format_table(initial: dict, final: dict, rounds: int) -> str:
     """The run's headline metrics on val, test, a shifted split where the dataset has one and the clients' own test
-    sets, before and after training, and the run's readout (`federation.readout_evaluations` > 1) where given."""
+    sets, before and after training."""
     from fedvlp.platform.metrics import EVALUATION_SETS
 
-    header = f"{'metric':<18} {'split':<9} {'round 0':>9} {f'round {rounds}':>9}" + (f" {'readout':>9}" if readout
-                                                                                       else "")
-    rows = [header, "-" * len(header)]
+    rows = [f"{'metric':<18} {'split':<9} {'round 0':>9} {f'round {rounds}':>9}", "-" * 48]
     for key in TABLE_KEYS:
         for split in EVALUATION_SETS:
             name = f"{split}_{key}"
             if name in final:
-                cells = [initial.get(name, float("nan")), final[name]] + ([readout[name]] if readout else [])
-                rows.append(f"{key:<18} {split:<9} " + " ".join(f"{v:>9.4f}" for v in cells))
+                rows.append(f"{key:<18} {split:<9} {initial.get(name, float('nan')):>9.4f} {final[name]:>9.4f}")
     return "\n".join(rows)
 
 

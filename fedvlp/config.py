@@ -111,9 +111,6 @@ class FederationSpec:
     dirichlet_alpha: float = spec_field(0.5, "single-label skew: per class, client shares ~ Dir(alpha)", gt=0)
     rounds: int = spec_field(5, "federated rounds", ge=1)
     eval_every: int = spec_field(1, "evaluate the global model every this many rounds (and after the last)", ge=1)
-    readout_evaluations: int = spec_field(
-        1, "a run's figure for each metric, what sweeps, tuning and reports read, is the mean of its last this many "
-        "evaluations (1: the last round's)", ge=1)
     on_client_failure: Literal["drop", "retry"] = spec_field(
         "drop", "a client update that fails (its worker died, it raised, or it hung past resources.round_timeout_s): "
         "drop it from the round, or retry it (a dead worker is replaced either way)")

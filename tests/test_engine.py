@@ -58,25 +58,6 @@ def test_promptfl_learns_and_mlflow_holds_the_run(ray_cluster, tracking_uri, tmp
     assert checkpoint["round"] == 3 and torch.equal(checkpoint["global"]["ctx"], result.final_state["ctx"])
 
 
-@pytest.mark.usefixtures("tiny_clip")
-def test_a_runs_readout_averages_its_last_evaluations(ray_cluster, tracking_uri, tmp_path):
-    """federation.readout_evaluations: 2 with eval_every 2 over 5 rounds: the figure of each metric is the mean of
-    rounds 4 and 5, in the result, in final_metrics.json and in the checkpoint a resume would read."""
-    spec = small_run(tracking_uri, tmp_path, "federation.rounds=5", "federation.eval_every=2",
-                     "federation.readout_evaluations=2", "method.local_epochs=1")
-    result = run_federated(spec, progress=False)
-    evaluated = {h["round"]: h for h in result.history if "val_mAP" in h}
-    assert list(evaluated) == [2, 4, 5]
-    for metric in ("val_mAP", "test_mAP", "personal_mAP"):
-        assert result.readout[metric] == pytest.approx((evaluated[4][metric] + evaluated[5][metric]) / 2)
-    assert result.final["val_mAP"] == evaluated[5]["val_mAP"]  # the last evaluation is still there as it was
-    client, run = _only_run(tracking_uri)
-    final = json.loads(open(client.download_artifacts(run.info.run_id, "final_metrics.json", str(tmp_path))).read())
-    assert final["readout"] == result.readout and final["readout_evaluations"] == [4, 5]
-    checkpoint = torch.load(run.data.tags["checkpoint"], weights_only=True)
-    assert [r for r, _ in checkpoint["recent"]] == [4, 5]
-
-
 def _shipped_config(method: str) -> str:
     """Every registered method ships a config on a synthetic world (PromptFL's is the quickstart)."""
     names = ["quickstart"] if method == "promptfl" else [f"{method}_scenes", f"{method}_recipes"]

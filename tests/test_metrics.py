@@ -274,25 +274,3 @@ def test_hallucination_gap_by_hand() -> None:
     assert np.isnan(hallucination_gap(logits, targets, np.zeros((3, 3), bool)))  # no tempting class at all
     gap = multilabel_metrics(logits, targets, cooccurring=pairs)["hallucination_gap"]
     assert gap == pytest.approx(tempting - other)
-
-
-def test_readout_is_the_mean_of_the_last_evaluations_after_training():
-    from fedvlp.platform.metrics import readout
-
-    curve = {0: 0.1, 2: 0.5, 4: 0.4, 6: 0.6, 8: 0.2}
-    assert readout(curve, 1) == 0.2
-    assert readout(curve, 3) == pytest.approx(0.4)
-    assert readout(curve, 10) == pytest.approx(0.425)       # fewer evaluations than asked: all after training
-    assert readout({0: 0.1}, 3) == 0.1                      # nothing trained yet: round 0 is all there is
-    with pytest.raises(ValueError, match="readout"):
-        readout({}, 3)
-
-
-def test_run_table_shows_the_readout_column_only_when_runs_average_evaluations():
-    from fedvlp.cli import format_table
-
-    plain = format_table({"val_accuracy": 0.1}, {"val_accuracy": 0.5}, 10).splitlines()
-    assert plain[0].split() == ["metric", "split", "round", "0", "round", "10"]
-    averaged = format_table({"val_accuracy": 0.1}, {"val_accuracy": 0.5}, 10, {"val_accuracy": 0.45}).splitlines()
-    assert averaged[0].split()[-1] == "readout" and averaged[2].split() == ["accuracy", "val", "0.1000", "0.5000",
-                                                                            "0.4500"]

@@ -24,14 +24,14 @@ SECONDS = {("promptfl", 0): [1, 2, 3], ("promptfl", 1): [2, 3, 4], ("fedmpt", 0)
 TRAINABLE = {"promptfl": 514, "fedmpt": 1000}
 
 
-def _trial(client, exp_id, parent_id, method, h, seed, final, rounds=3, status="FINISHED", tags=(), params=()):
+def _trial(client, exp_id, parent_id, method, h, seed, final, rounds=3, status="FINISHED", tags=()):
     run = client.create_run(exp_id, run_name=f"{method}-h{h}-s{seed}", tags={
         "mlflow.parentRunId": parent_id, "fedvlp.role": "trial", "method": method, "dataset": "synthetic-scenes",
         "sweep": "sweep-heterogeneity", "seed": str(seed), "swept.federation.heterogeneity": str(h),
         "swept.method.name": method, **dict(tags)})
     rid = run.info.run_id
     params = {"federation.heterogeneity": h, "federation.rounds": rounds, "federation.clients": 10,
-              "federation.participation": 0.5, "seed": seed, "method.name": method, **dict(params)}
+              "federation.participation": 0.5, "seed": seed, "method.name": method}
     now = int(time.time() * 1000)
     curve = [0.3, final - 0.1, final - 0.05, final][: rounds + 1]
     curve[-1] = final
@@ -275,27 +275,3 @@ def test_report_links_fedvlp_saved_views_of_the_sweep(sweep, tracking_uri, tmp_p
     client.set_experiment_tag(exp_id, "mlflow.sharedViewState.fedvlp.val_mAP", "edited in the UI")
     cli.main(["report", "sweep-heterogeneity", "--tracking-uri", tracking_uri, "--out", str(tmp_path / "r")])
     assert client.get_experiment(exp_id).tags["mlflow.sharedViewState.fedvlp.val_mAP"] == "edited in the UI"
-
-
-def test_a_trials_final_figure_is_its_runs_readout(tracking_uri, tmp_path):
-    """`federation.readout_evaluations: 3` makes a trial's figure the mean of its last three evaluations (round 0,
-    before training, never counts); 1 keeps the last round's."""
-    from fedvlp.platform.report import collect
-
-    client = MlflowClient(tracking_uri)
-    exp_id = client.create_experiment("sweep-readout")
-    parent = client.create_run(exp_id, run_name="sweep", tags={
-        "fedvlp.role": "sweep", "sweep": "sweep-readout", "metric": "val_mAP", "mode": "max",
-        "swept_keys": "federation.heterogeneity,method.name"}).info.run_id
-    for seed in (0, 1):  # curves 0.3, f - 0.1, f - 0.05, f
-        _trial(client, exp_id, parent, "promptfl", 0.0, seed, 0.6 + seed / 10,
-               params={"federation.readout_evaluations": 3})
-        _trial(client, exp_id, parent, "fedmpt", 0.0, seed, 0.6 + seed / 10, rounds=1,
-               params={"federation.readout_evaluations": 3})
-    client.set_terminated(parent, "FINISHED")
-    rows = collect(client, exp_id, parent, ["val_mAP"], ["federation.heterogeneity"])
-    finals = {(r["method"], r["seed"]): r["final"]["val_mAP"] for r in rows}
-    assert finals[("promptfl", "0")] == pytest.approx(0.55) and finals[("promptfl", "1")] == pytest.approx(0.65)
-    assert finals[("fedmpt", "0")] == pytest.approx(0.6)  # one round: its one evaluation after training
-    files = make_report(tracking_uri, "sweep-readout", tmp_path / "report")
-    assert "Final = the mean of each run's last 3 evaluations" in files["summary.md"].read_text()

@@ -303,31 +303,3 @@ def test_a_sweep_with_a_failed_trial_exits_1(tmp_path, monkeypatch, capsys):
     assert "1 of 2 trials failed" in capsys.readouterr().err
     monkeypatch.setattr(sweep_module, "run_sweep", lambda *a, **k: Grid([]))
     assert cli.main(["sweep", "smoke"]) == 0
-
-
-def test_tuning_objective_is_each_seeds_readout_averaged_over_the_seeds(monkeypatch, tmp_path):
-    """`fedvlp tune` learns from what the reports read: with federation.readout_evaluations 2 and eval_every 2, a
-    seed's figure is the mean of its val metric at rounds 4 and 5 (round 3 repeats round 2's, never evaluated)."""
-    from ray import tune
-
-    from fedvlp.platform import engine
-    from fedvlp.platform import tune as tuning
-
-    spec = tuning.load_tune("quickstart", budget=1, seeds=(100, 101), storage=tmp_path, overrides=[
-        "federation.rounds=5", "federation.eval_every=2", "federation.readout_evaluations=2",
-        f"tracking.uri=sqlite:///{tmp_path / 'mlflow.db'}"])
-    curves = {100: {2: 0.5, 4: 0.6, 5: 0.8}, 101: {2: 0.1, 4: 0.2, 5: 0.4}}
-    reports = []
-
-    def fake_run(run_spec, progress, on_round, tags):
-        last = {}
-        for r in range(1, 6):
-            last = {"val_mAP": curves[run_spec.seed][r]} if r in curves[run_spec.seed] else last
-            on_round(r, {**last, "train_loss": 1.0}, None)
-
-    monkeypatch.setattr(engine, "run_federated", fake_run)
-    monkeypatch.setattr(tune, "report", reports.append)
-    monkeypatch.setattr(tune, "get_context", lambda: type("Context", (), {"get_trial_id": lambda self: "t"})())
-    tuning._trial({"method.lr": 0.01, "method.local_epochs": 2}, spec, "parent")
-    assert reports[-1][tuning.OBJECTIVE] == pytest.approx(((0.6 + 0.8) / 2 + (0.2 + 0.4) / 2) / 2)
-    assert reports[-1][tuning.OBJECTIVE] != pytest.approx((0.8 + 0.4) / 2)  # not the last rounds' alone

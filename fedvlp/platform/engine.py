@@ -38,7 +38,6 @@ from fedvlp.platform.checkpoint import decode, write_checkpoint
 from fedvlp.platform.clock import VirtualClock
 from fedvlp.platform.coordinator import Coordinator
 from fedvlp.platform.metrics import cooccurring_pairs, multilabel_metrics, single_label_metrics
-from fedvlp.platform.metrics import readout as metric_readout
 from fedvlp.platform.pool import WorkerPool, wait_all
 from fedvlp.platform.sampling import sample_cohort
 from fedvlp.platform.tracking import RunTracker
@@ -50,7 +49,6 @@ class RunResult:
     tracking_uri: str
     final: dict[str, float]       # val_*, test_*, personal_* metrics after the last round
     initial: dict[str, float]     # the same before training (round 0)
-    readout: dict[str, float] = field(default_factory=dict)  # each metric's figure: mean of the last evaluations
     history: list[dict] = field(default_factory=list)
     workers: list[dict] = field(default_factory=list)
     checkpoint: bytes | None = None  # the last round's, as written
@@ -162,23 +160,20 @@ def run_federated(spec, *, progress: bool = True, on_round=None, tags: dict | No
         saved = resume["data"] if resume else None
         if resume:
             first_round, initial, final = resume["round"] + 1, resume["initial"], resume["final"]
-            recent = resume.get("recent", [(resume["round"], final)])
             say(f"fedvlp: resuming after round {resume['round']}")
         else:
             first_round = 1
             initial = final = evaluate()
-            recent = []  # (round, metrics) of the last federation.readout_evaluations evaluations
             tracker.log_metrics(0, {"startup_seconds": time.perf_counter() - started, **startup, **initial,
                                     "trainable_params": method["trainable_params"], **_privacy_metrics(privacy, 0)})
             say(f"round 0/{spec.federation.rounds}  " + _headline(initial) + "  (before training)")
         def checkpoint_call(final: dict):
             return coordinator.checkpoint.remote({"run_id": tracker.run_id, "initial": initial, "final": final,
-                                                  "recent": recent,
                                                   "virtual_clock_seconds": clock.elapsed if clock else 0.0})
 
         for round_index in range(first_round, spec.federation.rounds + 1):
             tic = time.perf_counter()
-            evaluated = is_evaluation_round(spec.federation, round_index)
+            evaluated = round_index % spec.federation.eval_every == 0 or round_index == spec.federation.rounds
             # a round without evaluation asks for its checkpoint with its aggregation: one wait, not two
             then = None if evaluated else functools.partial(checkpoint_call, final)
             metrics, failures, saved_ref = _train_round(spec, round_index, coordinator, pool, clock, privacy, then)
@@ -187,7 +182,6 @@ def run_federated(spec, *, progress: bool = True, on_round=None, tags: dict | No
                 tracker.set_tags({f"failure.round{round_index}.client{cid}": cause[:5000] for cid, cause in failures})
             if evaluated:
                 final = evaluate()
-                recent = [*recent, (round_index, final)][-spec.federation.readout_evaluations:]
                 metrics.update(final)
                 saved_ref = checkpoint_call(final)
             saved = ray.get(saved_ref)
@@ -202,15 +196,10 @@ def run_federated(spec, *, progress: bool = True, on_round=None, tags: dict | No
             if on_round is not None:  # the latest metrics every round, so schedulers always see them
                 tracker.flush()  # and the checkpoint on disk (a sweep's trial hands it to Tune)
                 on_round(round_index, {**final, **metrics}, checkpoint)
-        readout = {key: metric_readout({r: m[key] for r, m in recent}, len(recent)) for key in final
-                   if all(key in m for _, m in recent)} if recent else dict(final)
-        tracker.log_json({"initial": initial, "final": final, "readout": readout,
-                          "readout_evaluations": [r for r, _ in recent], "rounds": spec.federation.rounds},
-                         "final_metrics.json")
+        tracker.log_json({"initial": initial, "final": final, "rounds": spec.federation.rounds}, "final_metrics.json")
         tracker.end("FINISHED")
         finished = True
-        return RunResult(tracker.run_id, tracker.uri, final, initial, readout, history, worker_info, saved,
-                         cache_status)
+        return RunResult(tracker.run_id, tracker.uri, final, initial, history, worker_info, saved, cache_status)
     except KeyboardInterrupt:
         _end_run(tracker or _opened(opening), "KILLED")
         raise
@@ -480,11 +469,6 @@ def ensure_ray(plugins=()) -> bool:
         ray.init(address="local", num_cpus=os.cpu_count() or 1, num_gpus=local_gpus(),
                  include_dashboard=False, **common)
     return True
-
-
-def is_evaluation_round(federation, round_index: int) -> bool:
-    """Whether the global model is evaluated after this round: every `eval_every` rounds and after the last."""
-    return round_index % federation.eval_every == 0 or round_index == federation.rounds
 
 
 def local_gpus() -> int:

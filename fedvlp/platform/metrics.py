@@ -19,18 +19,6 @@ UNKNOWN = -1
 EVALUATION_SETS = ("val", "test", "shift", "personal")
 
 
-def readout(history: dict[int, float], evaluations: int) -> float:
-    """A run's figure for one metric, given its value at each evaluated round: the mean of its last `evaluations`
-    evaluations after training (`federation.readout_evaluations`; round 0, before training, counts only in a run
-    that has nothing else). One evaluation is the last round's value; more average out the round-to-round swing of a
-    short run, which is noise for a comparison of methods, not their difference."""
-    trained = [history[r] for r in sorted(history) if r > 0] or [history[r] for r in sorted(history)]
-    if evaluations < 1 or not trained:
-        raise ValueError(f"readout: expected at least one evaluation to average and evaluations >= 1, got "
-                         f"{len(trained)} and {evaluations}")
-    return float(np.mean(trained[-evaluations:]))
-
-
 def _safe_div(num: ArrayLike, den: ArrayLike) -> np.ndarray:
     """Elementwise num / den with 0/0 (and x/0) mapped to 0, without warnings."""
     num = np.asarray(num, dtype=np.float64)

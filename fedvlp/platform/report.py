@@ -31,7 +31,7 @@ from urllib.parse import quote
 import numpy as np
 
 from fedvlp.errors import FedvlpError
-from fedvlp.platform.metrics import EVALUATION_SETS, readout
+from fedvlp.platform.metrics import EVALUATION_SETS
 from fedvlp.platform.sampling import cohort_size
 from fedvlp.platform.sweep import VARIANT_KEY
 
@@ -142,13 +142,12 @@ def collect(client, experiment_id: str, parent_id: str, metrics: list[str], swep
                "stopped_early": tags.get("stopped_early", "").lower() == "true",
                "final": {}, "history": {}}
         if row["status"] == "FINISHED" and not row["stopped_early"]:
-            evaluations = row["readout_evaluations"] = int(params.get("federation.readout_evaluations", 1))
             for metric in metrics:
                 history = _history(client, run.info.run_id, metric)
                 row["history"][metric] = history
-                # "Final" = the run's readout: the mean of its last `evaluations` logged steps (1: round R's)
+                # "Final" = the last logged step: with eval_every > 1 that is still round R.
                 if history:
-                    row["final"][metric] = readout(history, evaluations)
+                    row["final"][metric] = history[max(history)]
             per_round = cohort_size(int(params.get("federation.clients", 1)),
                                     float(params.get("federation.participation", 1.0)))
             bytes_up = list(_history(client, run.info.run_id, "bytes_up").values())
@@ -161,14 +160,6 @@ def collect(client, experiment_id: str, parent_id: str, metrics: list[str], swep
             row["epsilon"] = spent[max(spent)] if spent else math.nan
         rows.append(row)
     return rows
-
-
-def _readout_words(rows: list[Row]) -> str:
-    """What a trial's figure is, in the header's words (`federation.readout_evaluations` of the counted trials)."""
-    counts = sorted({r.get("readout_evaluations", 1) for r in rows})
-    if counts in ([], [1]):
-        return "the metric at the last logged round"
-    return f"the mean of each run's last {' or '.join(map(str, counts))} evaluations"
 
 
 def _swept_keys(tags: dict) -> list[str]:
@@ -487,7 +478,7 @@ def make_report(tracking_uri: str, experiment: str, out_dir: str | Path, metric:
     header = (f"# {experiment}\n\nSweep over {', '.join(swept) or 'methods only'}; selected on {metric} "
               f"(mode {tags.get('mode', 'max')}), scored on {score}. {len(used)} of {len(rows)} trials counted; "
               f"skipped: {failed} FAILED, {early} stopped early (ASHA), {other} other (not finished or no {metric}). "
-              f"Final = {_readout_words(used)}, over {seeds} seed(s); ± is the half-width of the 95 % "
+              f"Final = the metric at the last logged round, over {seeds} seed(s); ± is the half-width of the 95 % "
               f"Student-t interval over seeds" + (f"; Δ is the paired difference to {reference} over the same seeds, "
                                                  f"n.s. where its interval contains 0" if reference else "") + ".")
     files: dict[str, Path] = {}

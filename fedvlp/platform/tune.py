@@ -116,8 +116,7 @@ def _trial(config: dict, tune_spec: TuneSpec, parent_run_id: str) -> None:
     metric as the objective, the last report the mean over seeds of the final val metric."""
     from ray import tune
 
-    from fedvlp.platform.engine import is_evaluation_round, run_federated
-    from fedvlp.platform.metrics import readout
+    from fedvlp.platform.engine import run_federated
 
     values = {k: (int(v) if tune_spec.ranges[k].kind == "int" else v) for k, v in config.items()}
     trial_id = tune.get_context().get_trial_id()
@@ -127,15 +126,10 @@ def _trial(config: dict, tune_spec: TuneSpec, parent_run_id: str) -> None:
         spec = build_spec(trial_raw(tune_spec, values, seed))
         last = index == len(tune_spec.seeds) - 1
 
-        evaluated: dict[int, float] = {}
-
-        def report(round_index: int, metrics: dict, checkpoint, seed_index=index, is_last=last,
-                   evaluated=evaluated, federation=spec.federation) -> None:
+        def report(round_index: int, metrics: dict, checkpoint, seed_index=index, is_last=last) -> None:
             value = metrics.get(tune_spec.metric, math.nan)
-            if is_evaluation_round(federation, round_index):
-                evaluated[round_index] = value
-            if round_index == rounds:  # the seed's figure, read as the reports read it
-                finals.append(readout(evaluated, federation.readout_evaluations))
+            if round_index == rounds:
+                finals.append(value)
             objective = float(sum(finals) / len(finals)) if is_last and round_index == rounds else value
             tune.report({OBJECTIVE: objective, tune_spec.metric: value, "seed_index": seed_index, "round": round_index})
 
