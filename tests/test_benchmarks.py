@@ -386,3 +386,13 @@ def test_recipes_levers_at_tiny_size(results, ray_cluster):
                                           - np.mean(r["val_accuracy"]["Centralized, no prompts"]))
     with pytest.raises(SystemExit):
         importlib.import_module("recipes_levers").main(["--tiny", "--lever", "no value"])
+
+
+@pytest.mark.usefixtures("tiny_vilt")
+def test_prompt_attention_at_tiny_size(results):
+    r = tiny_run("prompt_attention", results)
+    shares = r["prompt_share"]
+    assert set(shares) == {"reference", "normal", "sampled tokens", "minus the mean token", "minus sampled tokens"}
+    assert all(len(s) == 2 and all(0 < x < 1 for x in s) for s in shares.values())  # the tiny ViLT's 2 prompted layers
+    # 32 accumulated prompts take more of the attention than 16 do, whatever their start
+    assert all(s[1] > s[0] for s in shares.values()), shares
