@@ -118,6 +118,23 @@ def test_layer_prompts_accumulate_and_only_they_and_the_input_get_gradients(back
         backbone.encode(hidden, mask, {4: shared})
 
 
+def test_prompts_as_one_weigh_as_one_token_whatever_their_count(backbone, recipes):
+    """prompts_as_one lowers each score on the P prompts in front of a layer by log P: P copies of one token then act
+    on the real tokens exactly as that token alone does, also once prompts accumulate over two layers; without it,
+    the copies take more of the attention and the real tokens come out otherwise."""
+    hidden, mask = backbone.embed(recipes.images[:4], recipes.texts[:4], np.zeros(4, bool))
+    token = torch.randn(2, 1, 128)
+    one = backbone.encode(hidden, mask, {0: token[0], 1: token[1]}, prompts_as_one=True)
+    copies = backbone.encode(hidden, mask, {0: token[0].expand(8, -1), 1: token[1].expand(8, -1)},
+                             prompts_as_one=True)
+    plain = backbone.encode(hidden, mask, {0: token[0].expand(8, -1), 1: token[1].expand(8, -1)})
+    real = mask[:, :, None]
+    assert torch.allclose((one[:, 2:] * real), (copies[:, 16:] * real), atol=1e-5)
+    assert not torch.allclose((plain[:, 16:] * real), (copies[:, 16:] * real), atol=1e-3)
+    assert torch.equal(backbone.encode(hidden, mask, {0: token[0]}, prompts_as_one=True),
+                       backbone.encode(hidden, mask, {0: token[0]}))  # one prompt: nothing to lower
+
+
 def test_shipped_tiny_vilt_probes_as_documented_with_either_modality_missing(tiny_vilt):
     """Measured here, train -> val: the figures the manifest documents for the shipped float16 weights (a change
     that silently invalidates them fails here), above the targets (0.6 with both modalities, 0.45 with either one

@@ -17,6 +17,7 @@ a word-level BERT tokenizer over the synthetic recipes' vocabulary, so nothing i
 from __future__ import annotations
 
 import json
+import math
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
@@ -275,27 +276,33 @@ class ViltBackbone(torch.nn.Module):
 
     # ---- transformer -------------------------------------------------------------------------
     def encode(self, hidden: torch.Tensor, mask: torch.Tensor,
-               layer_prompts: dict[int, torch.Tensor] | None = None) -> torch.Tensor:
+               layer_prompts: dict[int, torch.Tensor] | None = None, prompts_as_one: bool = False) -> torch.Tensor:
         """The frozen transformer layers and final layernorm: last hidden states [B, L', D].
 
         hidden [B, L, D] (from `embed`), mask bool [B, L] of real tokens. `layer_prompts[i]`
         ([B, P_i, D], or [P_i, D] for the whole batch) is prepended just before layer i, so the
         prompts accumulate (Lee et al.'s 'input' prompts): L' = L + sum(P_i), latest prompts first,
         the text [CLS] at index sum(P_i). Gradients flow to `hidden` and the prompts only.
+        `prompts_as_one`: every attention score on one of the P prompts in front of a layer is lowered by
+        log P, so at equal scores the prompts together weigh as one token (the reference: as P tokens).
         """
         layers = self.model.encoder.layer
         prompts = dict(layer_prompts or {})
         if any(not 0 <= int(i) < len(layers) for i in prompts):
             raise ValueError(f"layer_prompts keys must be layer indices in [0, {len(layers)}), got {sorted(prompts)}")
         x, mask = hidden, mask.to(device=hidden.device, dtype=torch.bool)
-        batch = x.shape[0]
+        batch, in_front = x.shape[0], 0
         for i, layer in enumerate(layers):
             if i in prompts:
                 p = prompts[i].to(device=x.device, dtype=x.dtype)
                 p = p.unsqueeze(0).expand(batch, -1, -1) if p.dim() == 2 else p
                 x = torch.cat([p, x], dim=1)
                 mask = torch.cat([torch.ones(batch, p.shape[1], dtype=torch.bool, device=x.device), mask], dim=1)
-            x = layer(x, additive_attention_mask(mask, x.dtype))[0]
+                in_front += p.shape[1]
+            scores = additive_attention_mask(mask, x.dtype)
+            if prompts_as_one and in_front > 1:
+                scores[..., :in_front] -= math.log(in_front)
+            x = layer(x, scores)[0]
         return self.model.layernorm(x)
 
     def forward(self, hidden: torch.Tensor, mask: torch.Tensor,

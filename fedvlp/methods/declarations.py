@@ -80,6 +80,9 @@ class FedAvgPParams:
         None, "prompted layers, from the first (null: the first half of the backbone's, as the reference's 6 of 12; "
               "capped at the depth)", ge=1)
     prox_mu: float = spec_field(0.0, "FedProx proximal weight mu (0: FedAvg-P)", ge=0)
+    prompt_attention: Literal["tokens", "as_one"] = spec_field(
+        "tokens", "how the prompts in front of a layer are attended: as that many tokens (the reference), or as_one: "
+                  "each score on a prompt lowered by log(prompts), so together they start weighing as one token")
     lr: float = spec_field(0.05, "SGD learning rate", gt=0, tune=VILT_LR_RANGE)
     prompt_lr: float | None = spec_field(None, "SGD learning rate of the prompts (null: lr, as the reference); the "
                                                "pooler and head keep lr", gt=0)

@@ -8,7 +8,11 @@ the first token after the prompts (the text [CLS]) and the classifier head score
 cross-entropy. Prompts, pooler and classifier are averaged by FedAvg weighted by data size.
 
 Prompts start at zero with one row of ones that differs per type, as in the reference
-(complete: token 0, image missing: token 1, text missing: token 2). FedProx-P adds
+(complete: token 0, image missing: token 1, text missing: token 2); they then take about a quarter, then half, of
+the real tokens' attention at the two prompted layers of the tiny ViLT (`benchmarks/prompt_attention.py`).
+`prompt_attention: as_one` (not the reference's) lowers each score on a prompt by log(prompts in front of the layer),
+so that together they start weighing as one token; `prompt_lr` gives the prompts their own SGD learning rate.
+FedProx-P adds
 (prox_mu / 2) * ||w - w_global||^2 over the trainable parameters to the local loss.
 The centralised upper bound (Centralized-P) is this method with `federation.clients: 1` and
 `federation.pooled_from: 10`: FedAvg-P's ten clients' data and missing codes, pooled.
@@ -57,7 +61,8 @@ class FedAvgP(declarations.FedAvgP, Method):
     def forward(self, inputs: TokenInputs) -> torch.Tensor:
         per_sample = self.prompts[inputs.missing]  # [B, layer, token, D]
         layer_prompts = {i: per_sample[:, i] for i in range(per_sample.shape[1])}
-        hidden = self.backbone.encode(inputs.embeddings, inputs.mask, layer_prompts)
+        hidden = self.backbone.encode(inputs.embeddings, inputs.mask, layer_prompts,
+                                      prompts_as_one=self.params.prompt_attention == "as_one")
         num_prompts = per_sample.shape[1] * per_sample.shape[2]
         return self.classifier(self.pooler(hidden[:, num_prompts:]))
 
