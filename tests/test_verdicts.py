@@ -79,8 +79,8 @@ def test_a_failing_diagnostic_and_only_that_makes_a_finding_untestable_here():
         assert ("untestable here" in verdict) == fails, finding
         if fails:  # the failing diagnostic stands beside the verdict
             assert "fail" in verdict and "not reproduced" not in verdict, finding
-    # the heterogeneity penalty Centralized-P measures fails; a baseline that cannot lose (zero-shot) is read as
+    # both diagnostics the pooled Centralized-P measures fail; a baseline that cannot lose (zero-shot) is read as
     # not reproduced, first as FedMPT's code hides labels
-    assert rows["FED-PRIME (b)"][0].startswith("**untestable here**: heterogeneity penalty fails")
+    assert rows["FED-PRIME (b)"][0].startswith("**untestable here**: heterogeneity penalty and prompt headroom fail")
     assert rows["FedMPT (d)"][0].startswith("hidden read as negatives (FedMPT's code): **not reproduced** against "
                                             "zero-shot;")
