@@ -35,13 +35,16 @@ def lever(text: str) -> tuple[str, list[str]]:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--lever", type=lever, action="append", default=[], help="NAME=KEY=VALUE[,KEY=VALUE]")
+    parser.add_argument("--lever", type=lever, action="append", help="NAME=KEY=VALUE[,KEY=VALUE]; at least one")
     parser.add_argument("--seeds", type=int, nargs="+", default=[100, 101, 102, 103, 104])
     parser.add_argument("--jobs", type=int, default=2, help="runs side by side, one core each")
     parser.add_argument("--baseline", type=Path, help="a recipes_noise.json whose shipped-val runs stand for the "
                                                        "shipped Centralized-P and the head alone")
-    args = parse_args(parser, argv, __file__, tiny={"seeds": [100, 101], "jobs": 1,
-                                                    "lever": [("prompt lr x10", ["method.prompt_lr=0.7617"])]})
+    args = parse_args(parser, argv, __file__, tiny={"seeds": [100, 101], "jobs": 1})
+    if not args.lever:
+        if not args.tiny:
+            parser.error("--lever: give at least one lever")
+        args.lever = [("prompt lr x10", ["method.prompt_lr=0.7617"])]
     if any(seed < 100 for seed in args.seeds):
         parser.error("--seeds: tuning seeds only (100 and above); evaluation seeds start at 0")
     tic = time.perf_counter()
@@ -52,9 +55,11 @@ def main(argv: list[str] | None = None) -> None:
     baseline = {}
     if args.baseline:
         noise = json.loads(args.baseline.read_text())
+        if noise.get("seeds") != args.seeds or noise.get("tiny") != args.tiny or \
+                str(SHIPPED_VAL) not in noise.get("val_curves", {}):
+            parser.error(f"--baseline: {args.baseline} is not a recipes_noise record of seeds {args.seeds} at val "
+                         f"{SHIPPED_VAL}{' (tiny)' if args.tiny else ''}")
         runs = noise["val_curves"][str(SHIPPED_VAL)]
-        if noise["seeds"] != args.seeds or noise.get("tiny"):
-            parser.error(f"--baseline: {args.baseline} ran seeds {noise['seeds']}, expected {args.seeds} at full size")
         baseline = {name: [{int(r): v for r, v in c.items()} for c in runs[name]] for name in ("Centralized-P",
                                                                                                  HEAD_ALONE)}
     curves = baseline | run_arms({k: v for k, v in arms.items() if k not in baseline}, args.seeds, rounds, args.jobs,

@@ -21,7 +21,6 @@ import argparse
 import multiprocessing
 import os
 import time
-from concurrent.futures import ProcessPoolExecutor
 
 import numpy as np
 from _common import SCRATCH, bench_spec, machine, parse_args, write_results
@@ -75,11 +74,10 @@ def run_arms(arms: dict[str, tuple[str, list[str]]], seeds: list[int], overrides
         for key, task in tasks.items():
             done(key, _run(*task))
     else:
-        context = multiprocessing.get_context("spawn")
-        with ProcessPoolExecutor(jobs, mp_context=context, max_tasks_per_child=1) as pool:
-            futures = {key: pool.submit(_run, *task) for key, task in tasks.items()}
-            for key, future in futures.items():
-                done(key, future.result())
+        with multiprocessing.get_context("spawn").Pool(jobs, maxtasksperchild=1) as pool:  # a fresh process a run
+            pending = {key: pool.apply_async(_run, task) for key, task in tasks.items()}
+            for key, result in pending.items():
+                done(key, result.get())
     return {name: [curves[name, seed] for seed in seeds] for name in arms}
 
 

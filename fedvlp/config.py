@@ -412,7 +412,7 @@ def _check_centralised(spec: RunSpec) -> None:
     if fed.pooled_from is not None and fed.clients != 1:
         raise ConfigError(f"federation.pooled_from: pools a federated partition into one client; expected "
                           f"federation.clients: 1, got {fed.clients}")
-    if fed.clients == 1 and fed.pooled_from is None and data.missing_client_skew > 0:
+    if fed.clients == 1 and fed.pooled_from is None and data.missing_client_skew > 0 and data.missing_rate > 0:
         raise ConfigError(f"data.missing_client_skew: {data.missing_client_skew} makes clients differ in their "
                           f"missing pattern, but federation.clients is 1; expected federation.pooled_from (the "
                           f"federated run's client count, whose data the one client pools) or missing_client_skew: 0")

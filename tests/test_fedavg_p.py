@@ -59,28 +59,38 @@ def test_missing_rate_study_runs_centralized_p_as_its_run_config_defines_it():
     assert central.data == federated.data and central.data.missing_rate == 0.5
 
 
-@pytest.mark.parametrize("config", ["fedavg_p_recipes", "fedprime_recipes"])
-def test_prompt_lr_moves_the_prompts_alone_at_their_own_rate(config):
-    """method.prompt_lr: one SGD step moves every prompt parameter by prompt_lr x its gradient and the pooler and
-    head by lr x theirs; unset, everything moves at lr (the reference)."""
+@pytest.mark.parametrize("config, prompt_names", [
+    ("fedavg_p_recipes", {"prompts"}),
+    ("fedprime_recipes", {"intra_pool.prompts", "intra_pool.query.weight", "inter_pool.prompts",
+                          "inter_pool.query.weight"}),
+])
+def test_prompt_lr_moves_the_prompts_alone_at_their_own_rate(config, prompt_names, monkeypatch):
+    """method.prompt_lr: the optimiser a local update builds moves every prompt parameter (and no pooler or head
+    parameter) by prompt_lr x its gradient, the rest by lr x theirs; unset, everything moves at lr (the reference)."""
     from fedvlp.backbones import load_backbone
     from fedvlp.data.recipes import CLASS_NAMES
+    from fedvlp.methods import fedavg_p, fedprime
     from fedvlp.methods.base import Task
-    from fedvlp.methods.fedprime import prompt_sgd
     from fedvlp.platform.worker import build_method
 
-    spec = load_spec(config, ["backbone.pretrained=none"])
+    spec = load_spec(config, ["backbone.pretrained=none", "method.prompt_lr=2.0", "method.lr=0.1"])
     method = build_method(spec, load_backbone(spec), Task(list(CLASS_NAMES), multilabel=False))
+    names = {id(p): name for name, p in method.named_parameters()}
+    assert {names[id(p)] for p in method.prompt_parameters()} == prompt_names
+    built, prompt_sgd = [], fedprime.prompt_sgd
+
+    def capture(trainable, prompts, lr, prompt_lr):
+        built.append(prompt_sgd(trainable, prompts, lr, prompt_lr))
+        raise StopIteration  # the optimiser is all this test needs
+    monkeypatch.setattr(fedavg_p if config.startswith("fedavg") else fedprime, "prompt_sgd", capture)
+    with pytest.raises(StopIteration):
+        method.local_update(None, torch.Generator())
     trainable = method.trainable_parameters()
-    prompts = [p for name, p in method.named_parameters() if p.requires_grad and "pool" in name.split(".")[0]
-               or name == "prompts"]
-    assert prompts and len(prompts) < len(trainable)
     for p in trainable:
         p.grad = torch.ones_like(p)
-    for prompt_lr, expected in ((None, 0.1), (2.0, 2.0)):
+    for optimizer, prompt_step in ((built[0], 2.0), (prompt_sgd(trainable, [], 0.1, None), 0.1)):
         before = [p.detach().clone() for p in trainable]
-        prompt_sgd(trainable, prompts, 0.1, prompt_lr).step()
-        prompt_ids = {id(p) for p in prompts}
+        optimizer.step()
         for p, b in zip(trainable, before):
-            step = expected if id(p) in prompt_ids else 0.1
-            assert torch.allclose(b - p.detach(), torch.full_like(b, step)), (prompt_lr, p.shape)
+            step = prompt_step if names[id(p)] in prompt_names else 0.1
+            assert torch.allclose(b - p.detach(), torch.full_like(b, step)), (names[id(p)], step)

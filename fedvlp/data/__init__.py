@@ -101,7 +101,7 @@ def partition_clients(labels: np.ndarray, multilabel: bool, spec) -> list[np.nda
         raise ConfigError(f"federation.partition: {name} needs single-label data; {spec.data.name} is multi-label")
     if partitioner.labels == "multilabel" and not multilabel:
         raise ConfigError(f"federation.partition: {name} needs multi-label data; {spec.data.name} is single-label")
-    return partitioner.split(labels, clients, spec.seed, fed)
+    return partitioner.split(labels, clients, spec.seed, dataclasses.replace(fed, clients=clients, pooled_from=None))
 
 
 def prepare_data(spec) -> FederatedData:

@@ -66,6 +66,10 @@ class FedAvgP(declarations.FedAvgP, Method):
         num_prompts = per_sample.shape[1] * per_sample.shape[2]
         return self.classifier(self.pooler(hidden[:, num_prompts:]))
 
+    def prompt_parameters(self) -> list[torch.nn.Parameter]:
+        """What `method.prompt_lr` trains at its own rate: the prompts (not the pooler and head)."""
+        return [self.prompts]
+
     def local_update(self, data: ClientData, generator: torch.Generator) -> dict[str, float]:
         trainable = self.trainable_parameters()
         start = [p.detach().clone() for p in trainable]
@@ -77,7 +81,7 @@ class FedAvgP(declarations.FedAvgP, Method):
                 loss = loss + mu / 2 * sum(((p - p0) ** 2).sum() for p, p0 in zip(trainable, start))
             return loss
 
-        optimizer = prompt_sgd(trainable, [self.prompts], self.params.lr, self.params.prompt_lr)
+        optimizer = prompt_sgd(trainable, self.prompt_parameters(), self.params.lr, self.params.prompt_lr)
         return self.train_epochs(data, generator, optimizer, batch_loss)
 
 

@@ -116,6 +116,10 @@ class FedPrime(declarations.FedPrime, Method):
     def forward(self, inputs: TokenInputs) -> torch.Tensor:
         return self.scores(inputs)[0]
 
+    def prompt_parameters(self) -> list[torch.nn.Parameter]:
+        """What `method.prompt_lr` trains at its own rate: both pools (prompts and query projections)."""
+        return [p for pool in (self.intra_pool, self.inter_pool) if pool is not None for p in pool.parameters()]
+
     def local_update(self, data: ClientData, generator: torch.Generator) -> dict[str, float]:
         def batch_loss(inputs: TokenInputs, labels: torch.Tensor) -> torch.Tensor:
             logits, similarity = self.scores(inputs)
@@ -123,6 +127,6 @@ class FedPrime(declarations.FedPrime, Method):
 
         if self.inter_pool is not None:
             self.inter_pool.reset_selection()  # what this client retrieves in this round
-        pools = [p for pool in (self.intra_pool, self.inter_pool) if pool is not None for p in pool.parameters()]
-        optimizer = prompt_sgd(self.trainable_parameters(), pools, self.params.lr, self.params.prompt_lr)
+        optimizer = prompt_sgd(self.trainable_parameters(), self.prompt_parameters(), self.params.lr,
+                               self.params.prompt_lr)
         return self.train_epochs(data, generator, optimizer, batch_loss)
