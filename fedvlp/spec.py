@@ -69,6 +69,8 @@ CLIP_LR_RANGE = TuneRange("loguniform", 3e-4, 3.0)
 CLIP_EPOCHS_RANGE = TuneRange("int", 1, 8)
 VILT_LR_RANGE = TuneRange("loguniform", 3e-3, 0.5)
 VILT_EPOCHS_RANGE = TuneRange("int", 1, 5)
+# The ViLT prompt methods' own prompt learning rate (method.prompt_lr): the head's range and a decade above it.
+VILT_PROMPT_LR_RANGE = TuneRange("loguniform", 3e-3, 5.0)
 
 
 def choices(*values) -> TuneRange:

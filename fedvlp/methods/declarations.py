@@ -18,6 +18,7 @@ from fedvlp.spec import (
     CLIP_LR_RANGE,
     VILT_EPOCHS_RANGE,
     VILT_LR_RANGE,
+    VILT_PROMPT_LR_RANGE,
     log_range,
     spec_field,
 )
@@ -46,6 +47,21 @@ PAPER_CONDITIONS = ("spatial layout", "object pose", "background", "lighting", "
 
 
 # ---------------------------------------------------------------- hyper-parameters
+
+# The ViLT prompt methods' (FedAvg-P, FedProx-P, FED-PRIME) two levers on the prompts' own training, declared alike.
+PromptAttention = Literal["tokens", "as_one"]
+
+
+def prompt_attention_field():
+    return spec_field("tokens", "how the prompts in front of a layer are attended: as that many tokens (the "
+                                "reference), or as_one: each score on a prompt lowered by log(prompts), so together "
+                                "they start weighing as one token")
+
+
+def prompt_lr_field(what: str):
+    return spec_field(None, f"SGD learning rate of {what} (null: lr, as the reference); the pooler and head keep lr",
+                      gt=0, tune=VILT_PROMPT_LR_RANGE)
+
 
 @dataclass(frozen=True)
 class DualCoOpParams:
@@ -80,12 +96,9 @@ class FedAvgPParams:
         None, "prompted layers, from the first (null: the first half of the backbone's, as the reference's 6 of 12; "
               "capped at the depth)", ge=1)
     prox_mu: float = spec_field(0.0, "FedProx proximal weight mu (0: FedAvg-P)", ge=0)
-    prompt_attention: Literal["tokens", "as_one"] = spec_field(
-        "tokens", "how the prompts in front of a layer are attended: as that many tokens (the reference), or as_one: "
-                  "each score on a prompt lowered by log(prompts), so together they start weighing as one token")
+    prompt_attention: PromptAttention = prompt_attention_field()
     lr: float = spec_field(0.05, "SGD learning rate", gt=0, tune=VILT_LR_RANGE)
-    prompt_lr: float | None = spec_field(None, "SGD learning rate of the prompts (null: lr, as the reference); the "
-                                               "pooler and head keep lr", gt=0)
+    prompt_lr: float | None = prompt_lr_field("the prompts")
     batch_size: int = spec_field(64, "local batch size", ge=1)
     local_epochs: int = spec_field(1, "local epochs per round", ge=1, tune=VILT_EPOCHS_RANGE)
 
@@ -215,8 +228,8 @@ class FedPrimeParams:
         "sample", "top-k per sample (paper), or the reference's batch-wise majority selection")
     retrieval_weight: float = spec_field(0.01, "weight of the retrieval regulariser", ge=0)
     lr: float = spec_field(0.05, "SGD learning rate (reference: 0.05 on Food-101)", gt=0, tune=VILT_LR_RANGE)
-    prompt_lr: float | None = spec_field(None, "SGD learning rate of both prompt pools (prompts and query projections; "
-                                               "null: lr, as the reference); the pooler and head keep lr", gt=0)
+    prompt_lr: float | None = prompt_lr_field("both prompt pools (prompts and query projections)")
+    prompt_attention: PromptAttention = prompt_attention_field()
     batch_size: int = spec_field(64, "local batch size", ge=1)
     local_epochs: int = spec_field(1, "local epochs per round (reference: 1)", ge=1, tune=VILT_EPOCHS_RANGE)
     outer_loops: int = spec_field(5, "server clustering: alternations of Adam steps and Hungarian matching", ge=1)

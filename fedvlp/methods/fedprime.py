@@ -20,6 +20,10 @@ Deviations from the reference code (hangpt01/FedPrime), each deliberate:
 * the regulariser pulls (the paper, and L2P); the reference adds +0.01 * similarity;
 * the pooler starts from the backbone's pretrained pooler (the reference re-initialises it);
 * the clustered inter pool keeps its size (the platform needs fixed shapes; see clustering.py).
+
+Two levers on the prompts' own training, declared alike on FedAvg-P and FedProx-P (the reference's when unset):
+`prompt_lr`, the pools' own SGD learning rate, and `prompt_attention: as_one`, under which the 2k retrieved prompts
+start weighing as one token in the attention.
 """
 from __future__ import annotations
 
@@ -108,9 +112,9 @@ class FedPrime(declarations.FedPrime, Method):
                 prompts, sim = pool(query)
                 selected.append(prompts)
                 similarity = similarity + sim
-        prompts = torch.cat(selected, dim=1)
-        prompt_mask = mask.new_ones(prompts.shape[:2])
-        hidden = self.backbone.encode(torch.cat([prompts, x], 1), torch.cat([prompt_mask, mask], 1))
+        prompts = torch.cat(selected, dim=1)  # prepended at the input, in front of the first layer
+        hidden = self.backbone.encode(x, mask, {0: prompts},
+                                      prompts_as_one=self.params.prompt_attention == "as_one")
         return self.classifier(self.pooler(hidden)), similarity
 
     def forward(self, inputs: TokenInputs) -> torch.Tensor:

@@ -140,6 +140,7 @@ def _trial(config: dict, tune_spec: TuneSpec, parent_run_id: str) -> None:
 
 def run_tune(tune_spec: TuneSpec, out: str | Path | None = None, progress: bool = True) -> dict:
     """Run the search; write the tuned config; return {"values", "objective", "config", "parent_run_id", ...}."""
+    import optuna
     import ray
     from ray import tune
     from ray.tune.schedulers import ASHAScheduler
@@ -171,10 +172,10 @@ def run_tune(tune_spec: TuneSpec, out: str | Path | None = None, progress: bool 
     started_ray = ensure_ray(plugins=tune_spec.base["plugins"])
     status = "FAILED"
     try:
-        searcher = ConcurrencyLimiter(
-            OptunaSearch(metric=OBJECTIVE, mode=tune_spec.mode,
-                         seed=int(numpy_rng(seed, "tune").integers(2**31))),
-            max_concurrent=tune_spec.max_concurrent)
+        sampler = optuna.samplers.TPESampler(n_startup_trials=random_trials(tune_spec.budget),
+                                             seed=int(numpy_rng(seed, "tune").integers(2**31)))
+        searcher = ConcurrencyLimiter(OptunaSearch(metric=OBJECTIVE, mode=tune_spec.mode, sampler=sampler),
+                                      max_concurrent=tune_spec.max_concurrent)
         scheduler = ASHAScheduler(time_attr="training_iteration", max_t=rounds * len(tune_spec.seeds),
                                   grace_period=max(1, rounds // 2), reduction_factor=2) if tune_spec.asha else None
 
@@ -202,16 +203,22 @@ def run_tune(tune_spec: TuneSpec, out: str | Path | None = None, progress: bool 
                               f"({len(results.errors)} failed); see {experiment_dir}")
         best_config, objective = (max if tune_spec.mode == "max" else min)(complete, key=lambda trial: trial[1])
         values = {k: (int(v) if tune_spec.ranges[k].kind == "int" else v) for k, v in best_config.items()}
-        config_path = write_tuned_config(tune_spec, values, objective, out_path)
+        edges = range_edges(values, tune_spec.ranges)
+        config_path = write_tuned_config(tune_spec, values, objective, out_path, edges)
         client.log_metric(parent_id, f"best_{tune_spec.metric}", objective)
+        client.set_tag(parent_id, "guided_trials", str(tune_spec.budget - random_trials(tune_spec.budget)))
         for key, value in values.items():
             client.set_tag(parent_id, f"best.{key}", str(value))
+            client.set_tag(parent_id, f"edge.{key}", edges.get(key, "no"))
         client.log_artifact(parent_id, str(config_path))
         status = "FINISHED"
         if progress:
             print(f"tune {tune_spec.name}: {len(results)} trials, {len(complete)} finished all seeds; best "
                   f"{tune_spec.metric} (mean over seeds {list(tune_spec.seeds)}) {objective:.4f} with "
                   + ", ".join(f"{k}={_short(v)}" for k, v in values.items()))
+            print(f"tune {tune_spec.name}: {random_trials(tune_spec.budget)} random trials, "
+                  f"{tune_spec.budget - random_trials(tune_spec.budget)} guided by TPE; at a range edge: "
+                  + (", ".join(f"{k} ({side})" for k, side in edges.items()) or "none"))
         return {"values": values, "objective": objective, "config": config_path,
                 "parent_run_id": parent_id, "trials": len(results), "complete": len(complete)}
     except KeyboardInterrupt:
@@ -223,16 +230,46 @@ def run_tune(tune_spec: TuneSpec, out: str | Path | None = None, progress: bool 
             ray.shutdown()
 
 
-def write_tuned_config(tune_spec: TuneSpec, values: dict, objective: float, path: Path) -> Path:
+def random_trials(budget: int) -> int:
+    """TPE's random start-up: half the budget at most (Optuna's default of 10 would leave a budget of 12 two guided
+    trials), and at least one."""
+    return max(1, budget // 2)
+
+
+EDGE_SHARE = 0.05  # a value within 5 % of its range's span (on the range's own scale) of an end sits at that edge
+
+
+def range_edges(values: dict, ranges: dict[str, TuneRange]) -> dict[str, str]:
+    """{key: "low" | "high"} for each tuned value at an edge of its range: there the range, not the search, may
+    have stopped it, and the tuning protocol widens that range and tunes again (docs/results/tuning/)."""
+    edges = {}
+    for key, value in values.items():
+        r = ranges[key]
+        if r.kind == "choice":
+            continue
+        scale = math.log if r.kind == "loguniform" else float
+        position = (scale(value) - scale(r.low)) / (scale(r.high) - scale(r.low))
+        share = 0.0 if r.kind == "int" else EDGE_SHARE
+        if position <= share:
+            edges[key] = "low"
+        elif position >= 1 - share:
+            edges[key] = "high"
+    return edges
+
+
+def write_tuned_config(tune_spec: TuneSpec, values: dict, objective: float, path: Path,
+                       edges: dict[str, str] | None = None) -> Path:
     """The config (with the overrides it was tuned under) with the tuned values, and a header that says how."""
     raw = copy.deepcopy(tune_spec.raw)
     for key, value in values.items():
         set_dotted(raw, key, float(f"{value:.4g}") if isinstance(value, float) else value)
     seeds = " ".join(map(str, tune_spec.seeds))
     header = (f"# Tuned with `fedvlp tune {tune_spec.name} --budget {tune_spec.budget} --seeds {seeds}"
-              f"{' --asha' if tune_spec.asha else ''}`: {tune_spec.budget} trials (Optuna TPE through Ray Tune), "
-              f"each over seeds {seeds};\n# selected on {tune_spec.metric} (mean over the seeds "
-              f"{objective:.4f}); tuned: {', '.join(values)}. Nothing was selected on test data.\n")
+              f"{' --asha' if tune_spec.asha else ''}`: {tune_spec.budget} trials (Optuna TPE through Ray Tune, "
+              f"{random_trials(tune_spec.budget)} random, then guided), each over seeds {seeds};\n# selected on "
+              f"{tune_spec.metric} (mean over the seeds {objective:.4f}); tuned: {', '.join(values)}; at a range "
+              f"edge: {', '.join(f'{k} ({side})' for k, side in (edges or {}).items()) or 'none'}. Nothing was "
+              f"selected on test data.\n")
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(header + yaml.safe_dump(raw, sort_keys=False))
     return path
