@@ -147,7 +147,14 @@ def test_methods_of_one_backbone_family_declare_the_same_ranges_for_the_keys_the
     """`fedvlp tune` gives every method the same budget; it must also search the same space for lr and local epochs,
     or an equal budget favours the method with the kinder range."""
     from fedvlp.methods import METHODS
-    from fedvlp.spec import CLIP_EPOCHS_RANGE, CLIP_LR_RANGE, VILT_EPOCHS_RANGE, VILT_LR_RANGE, tuning_ranges
+    from fedvlp.spec import (
+        CLIP_EPOCHS_RANGE,
+        CLIP_LR_RANGE,
+        VILT_EPOCHS_RANGE,
+        VILT_LR_RANGE,
+        VILT_PROMPT_LR_RANGE,
+        tuning_ranges,
+    )
 
     families = {"global": {}, "tokens": {}, "embeddings": {}}
     for name in METHODS.names():
@@ -161,3 +168,7 @@ def test_methods_of_one_backbone_family_declare_the_same_ranges_for_the_keys_the
     assert {"fedprime", "fedavg_p", "fedlora_vilt"} <= set(vilt)
     assert set(clip.values()) == {(CLIP_LR_RANGE, CLIP_EPOCHS_RANGE)}
     assert set(vilt.values()) == {(VILT_LR_RANGE, VILT_EPOCHS_RANGE)}
+    # the ViLT prompt methods' own prompt learning rate: declared, and alike, for every one of them
+    prompt_lrs = {name: tuning_ranges(METHODS[name].Params).get("prompt_lr") for name in vilt}
+    assert {name for name, r in prompt_lrs.items() if r} == {"fedavg_p", "fedprox_p", "fedprime"}
+    assert {r for r in prompt_lrs.values() if r} == {VILT_PROMPT_LR_RANGE}

@@ -130,6 +130,22 @@ def test_local_training_beats_the_untrained_start(world, name, overrides):
     assert all(torch.equal(frozen[k], v) for k, v in world["backbone"].state_dict().items())
 
 
+def test_prompts_as_one_lower_the_retrieved_prompts_weight_in_fedprime(world):
+    """method.prompt_attention: as_one reaches FED-PRIME's encoder (the 2k retrieved prompts, prepended at the input,
+    start weighing as one token), and `tokens` is the reference's plain concatenation."""
+    tokens, as_one = build(world, "fedprime"), build(world, "fedprime", prompt_attention="as_one")
+    inputs = world["test"]
+    x, mask = inputs.embeddings[:8], inputs.mask[:8]
+    with torch.no_grad():
+        reference = tokens.scores(type(inputs)(x, mask, inputs.missing[:8]))[0]
+        query = x.masked_fill(~mask.unsqueeze(-1), float("-inf")).amax(1)
+        prompts = torch.cat([tokens.intra_pool(query)[0], tokens.inter_pool(query)[0]], 1)
+        hidden = world["backbone"].encode(torch.cat([prompts, x], 1), torch.cat([mask.new_ones(prompts.shape[:2]),
+                                                                                 mask], 1))
+        assert torch.equal(reference, tokens.classifier(tokens.pooler(hidden)))
+        assert not torch.allclose(as_one.scores(type(inputs)(x, mask, inputs.missing[:8]))[0], reference)
+
+
 def test_gradients_reach_exactly_the_trainable_parameters(world):
     method = build(world, "fedprime")
     batch = world["train"].features[:16]

@@ -231,6 +231,8 @@ def test_tune_searches_the_methods_ranges_on_val_and_writes_a_config_fedvlp_runs
     assert len(parents) == 1 and parents[0].info.status == "FINISHED" and len(trials) == 4  # 2 trials x 2 seeds
     best = {k[len("best."):]: v for k, v in parents[0].data.tags.items() if k.startswith("best.")}
     assert set(best) == {"method.lr", "method.local_epochs"}
+    assert parents[0].data.tags["guided_trials"] == "1"  # TPE's random start-up is half the budget
+    assert {parents[0].data.tags[f"edge.{k}"] for k in best} <= {"no", "low", "high"}
     by_trial = {}
     for trial in trials:
         values = tuple(trial.data.tags[f"tuned.{k}"] for k in sorted(best))
@@ -244,6 +246,21 @@ def test_tune_searches_the_methods_ranges_on_val_and_writes_a_config_fedvlp_runs
     assert tuned["method"]["lr"] == pytest.approx(float(best["method.lr"]), rel=1e-3)
     run = fedvlp_cli(["run", str(out), "--print-config"], cwd=tmp_path)
     assert run.returncode == 0 and f"local_epochs: {tuned['method']['local_epochs']}" in run.stdout
+
+
+def test_tpe_starts_on_half_the_budget_and_a_winner_at_a_range_edge_is_named():
+    from fedvlp.platform.tune import random_trials, range_edges
+    from fedvlp.spec import CLIP_EPOCHS_RANGE, CLIP_LR_RANGE, choices
+
+    assert [random_trials(b) for b in (1, 2, 12, 13)] == [1, 1, 6, 6]  # at most half, at least one
+    ranges = {"method.local_epochs": CLIP_EPOCHS_RANGE, "method.lr": CLIP_LR_RANGE, "method.x": choices("a", "b")}
+    assert range_edges({"method.local_epochs": 8, "method.lr": 0.03, "method.x": "a"}, ranges) == {
+        "method.local_epochs": "high"}
+    assert range_edges({"method.local_epochs": 1, "method.lr": 2.5}, ranges) == {"method.local_epochs": "low",
+                                                                              "method.lr": "high"}
+    # within 5 % of the log span of [3e-4, 3] from its floor (3e-4 * 10 ** 0.2 = 4.75e-4), or not
+    assert range_edges({"method.local_epochs": 7, "method.lr": 4.7e-4}, ranges) == {"method.lr": "low"}
+    assert range_edges({"method.local_epochs": 7, "method.lr": 4.8e-4}, ranges) == {}
 
 
 def test_named_variants_are_swept_as_one_key(tmp_path):
