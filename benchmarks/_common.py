@@ -435,7 +435,7 @@ class Evaluator:
     """The engine's evaluation (`engine._evaluate`) in this process, under the engine's metric names: the global
     model (`Method.load_global`) on each split of `sets` ("val", "test", "shift" where the dataset has one), scored
     in blocks of EVAL_BLOCK as the workers score them, and for "personal" each client's model (the global state with
-    its own local state) on its local test set, the mean and spread over the clients."""
+    its own local state) on its local test set and on its local val set, the mean and spread over the clients."""
 
     def __init__(self, spec, data, method, backbone, sets=EVAL_SETS):
         self.method, self.task = method, method.task
@@ -444,11 +444,12 @@ class Evaluator:
                               data.labels_of(name))
                        for name in sets if name != "personal" and getattr(data.dataset, name) is not None}
         self.cooccurring = cooccurring_pairs(data.dataset.train.labels) if self.task.multilabel else None
-        self.local_tests: dict[int, tuple] = {}
+        self.local_sets: dict[str, dict[int, tuple]] = {}  # "personal" / "personal_val" -> client -> its set
         if "personal" in sets and len(data.holdout):
             holdout = frozen_features(spec, data, backbone, kind, "holdout")
-            self.local_tests = {cid: (as_inputs(method, holdout[idx]), data.holdout.labels[idx])
-                                for cid, idx in enumerate(data.local_tests) if len(idx)}
+            self.local_sets = {name: {cid: (as_inputs(method, holdout[idx]), data.holdout.labels[idx])
+                                      for cid, idx in enumerate(indices) if len(idx)}
+                               for name, indices in (("personal", data.local_tests), ("personal_val", data.local_vals))}
 
     def __call__(self, state: dict, client_states: dict | None = None) -> dict[str, float]:
         metrics = {}
@@ -458,11 +459,13 @@ class Evaluator:
                                 for start in range(0, len(inputs), EVAL_BLOCK)]).numpy()
             metrics.update({f"{name}_{k}": v for k, v in engine._scores(self.task, logits, labels,
                                                                           self.cooccurring).items()})
-        per_client = []
-        for cid, (inputs, labels) in sorted(self.local_tests.items()):
-            self.method.load(state, (client_states or {}).get(cid))
-            per_client.append(engine._scores(self.task, self.method.score(inputs).numpy(), labels))
-        return {**metrics, **engine.personal_metrics(per_client)}
+        for name, local in self.local_sets.items():
+            per_client = []
+            for cid, (inputs, labels) in sorted(local.items()):
+                self.method.load(state, (client_states or {}).get(cid))
+                per_client.append(engine._scores(self.task, self.method.score(inputs).numpy(), labels))
+            metrics.update(engine.personal_metrics(per_client, name))
+        return metrics
 
 
 def aggregate(rules: dict[str, str], options: dict, rule_states: dict, seed: int, round_index: int,

@@ -68,15 +68,17 @@ def _parser() -> argparse.ArgumentParser:
     tune = commands.add_parser(
         "tune", help="tune a method's hyper-parameters on the val split (Ray Tune + Optuna); writes a config",
         description="Tune the hyper-parameters the config's method declares (fedvlp list methods shows them) with the "
-                    "same protocol for every method: BUDGET Ray Tune trials drawn by Optuna's TPE, each run once per "
-                    "seed, selected on the mean over the seeds of a val_* metric (never a test one). Logged to MLflow "
+                    "same protocol for every method: BUDGET Ray Tune trials drawn by Optuna's TPE (half of them "
+                    "random, then guided), each run once per seed, selected on the mean over the seeds of a val_* "
+                    "metric, or of personal_val_* for a personalised method (never a test one). Logged to MLflow "
                     "as one experiment (tune-CONFIG) with a parent run and a nested run per trial and seed; the best "
                     "values are written into a copy of the config that fedvlp run and space files accept as a base.")
     tune.add_argument("config", help="run config: a shipped name or a YAML path")
     tune.add_argument("--budget", type=int, required=True, help="number of trials (every method gets the same)")
     tune.add_argument("--seeds", type=int, nargs="+", default=[0, 1], help="seeds each trial runs (default: 0 1)")
-    tune.add_argument("--metric", help="val_* metric to select on (default val_mAP, or val_accuracy for "
-                                       "single-label data)")
+    tune.add_argument("--metric", help="val_* or personal_val_* metric to select on (default: val_mAP, "
+                                       "val_accuracy for single-label data, personal_val_* for a method that "
+                                       "declares its clients' own models, as fedotp does)")
     tune.add_argument("--asha", action="store_true", help="stop weak trials early with ASHA (on the val metric)")
     tune.add_argument("--concurrent", type=int, default=1, help="trials at a time (default 1)")
     tune.add_argument("--out", help="where to write the tuned config (default CONFIG-tuned.yaml)")

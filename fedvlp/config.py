@@ -65,6 +65,9 @@ class DataSpec:
                                      "many in its decorrelated shift split)", ge=1)
     num_holdout: int = spec_field(500, "synthetic held-out pool, drawn like train and split over the clients "
                                        "by the partition rule: their local test sets (0: no personal metrics)", ge=0)
+    local_val_fraction: float = spec_field(
+        0.5, "the share of each client's part of the held-out pool kept as its local val set (personal_val_*, what a "
+             "personalised method is tuned on); the rest is its local test set (personal_*)", ge=0, lt=1)
     val_fraction: float = spec_field(0.1, "real datasets without an official validation split: the fraction of "
                                           "the training data split off as val, by the seed", gt=0, lt=1)
     holdout_fraction: float = spec_field(0.1, "real datasets: the fraction of the training data split off as the "

@@ -30,7 +30,12 @@ def test_prepare_data_masks_train_only_and_partitions_every_sample():
     assert abs((data.train_labels == -1).mean() - 0.5) < 0.02
     assert (data.test_labels >= 0).all() and (data.dataset.val.labels >= 0).all()  # only train labels are masked
     assert sorted(np.concatenate(data.parts).tolist()) == list(range(500))
-    assert sorted(np.concatenate(data.local_tests).tolist()) == list(range(300))
+    # each client's part of the held-out pool: half its local val set, half its local test set, disjoint
+    assert sorted(np.concatenate(data.local_tests + data.local_vals).tolist()) == list(range(300))
+    assert sum(map(len, data.local_vals)) == 150 and not set(np.concatenate(data.local_vals)) & set(
+        np.concatenate(data.local_tests))
+    no_val = prepare_data(load_spec(None, ["data.num_train=500", "data.num_holdout=300", "data.local_val_fraction=0"]))
+    assert sum(map(len, no_val.local_vals)) == 0 and sorted(np.concatenate(no_val.local_tests)) == list(range(300))
     assert data.train_missing is None and len(data.dataset.val) == 100
 
 
@@ -142,6 +147,7 @@ def test_centralized_p_trains_on_fedavg_p_clients_pooled(seed, kind):
     assert central.dataset.train.texts == federated.dataset.train.texts
     assert np.array_equal(central.holdout_missing, federated.holdout_missing)
     assert np.array_equal(central.local_tests[0], _pooled(federated.local_tests))
+    assert np.array_equal(central.local_vals[0], _pooled(federated.local_vals))
     assert np.array_equal(central.val_missing, federated.val_missing)  # val and test never depend on the clients
 
 
@@ -175,6 +181,7 @@ def test_one_client_multilabel_arm_holds_the_federated_clients_data(config, over
         assert np.array_equal(central.train_labels, federated.train_labels)   # label masks included
         assert central.dataset.train.images.cache_key() == federated.dataset.train.images.cache_key()
         assert np.array_equal(central.local_tests[0], _pooled(federated.local_tests))
+        assert np.array_equal(central.local_vals[0], _pooled(federated.local_vals))
         if "data.label_mask=0.5" in overrides:
             assert (central.train_labels == -1).mean() > 0.4
 

@@ -129,12 +129,14 @@ def test_a_client_gets_exactly_its_own_local_state_back(ray_cluster, tracking_ur
     holdout = data.dataset.holdout
     features = load_backbone(spec).encode_images(holdout.images.load(range(len(holdout)), 32)).numpy()
     features = torch.from_numpy(features.astype(np.float16).astype(np.float32))
-    per_client = []
-    for c in range(4):
-        rows = data.local_tests[c]
-        logits = SCALE * features[rows] @ store.get(c)["centroids"].T + result.final_state["bias"]
-        per_client.append(multilabel_metrics(logits.numpy(), holdout.labels[rows])["mAP"])
-    assert result.final["personal_mAP"] == pytest.approx(np.mean(per_client), abs=1e-9)
+    for name, local_sets in (("personal", data.local_tests), ("personal_val", data.local_vals)):
+        per_client = []
+        for c in range(4):
+            rows = local_sets[c]
+            logits = SCALE * features[rows] @ store.get(c)["centroids"].T + result.final_state["bias"]
+            per_client.append(multilabel_metrics(logits.numpy(), holdout.labels[rows])["mAP"])
+        assert result.final[f"{name}_mAP"] == pytest.approx(np.mean(per_client), abs=1e-9)
+    assert result.final["personal_val_mAP"] != result.final["personal_mAP"]  # two disjoint sets
     # the global model (zero centroids) scores every class alike: its mAP is the positive rate
     assert result.final["personal_mAP"] > result.final["test_mAP"] + 0.2
 

@@ -73,6 +73,35 @@ def test_ablation_switches_express_the_rows_of_table_4(world, row, switches, par
     assert logits.shape == (8, 20) and torch.isfinite(logits).all()
 
 
+def test_regions_are_the_patches_unless_the_pooled_token_is_asked_for(world):
+    """regions: patches (the paper's) aligns the prompts to the M patch tokens alone: the pooled token changes no
+    condition logit. pooled+patches makes it one more region, so changing it changes them."""
+    features = world["test"][0][:8]
+    changed = features.clone()
+    changed[:, 0] = torch.nn.functional.normalize(torch.randn_like(changed[:, 0]), dim=-1)
+    with torch.no_grad():
+        patches, both = build(world), build(world, "method.regions=pooled+patches")
+        assert torch.equal(patches.condition_logits(features), patches.condition_logits(changed))
+        assert not torch.allclose(both.condition_logits(features), both.condition_logits(changed))
+        assert not torch.allclose(both.condition_logits(features), patches.condition_logits(features))
+
+
+def test_without_ot_the_patches_are_pooled_at_the_plans_temperature(world):
+    """tau, lambda and the temperature without OT divide the cosine; unset, the path without OT pools at lambda, so
+    the Table 4 row "+ OT" changes the transport, not the sharpness."""
+    from fedvlp.methods.numerics import region_aggregate
+
+    features = world["test"][0][:8]
+    plain, explicit = build(world, "method.ot=false"), build(world, "method.ot=false", "method.region_temperature=0.2")
+    sharp = build(world, "method.ot=false", "method.region_temperature=0.05")
+    with torch.no_grad():
+        assert torch.equal(plain.condition_logits(features), explicit.condition_logits(features))
+        assert not torch.allclose(plain.condition_logits(features), sharp.condition_logits(features))
+    similarity = torch.tensor([[0.1, 0.3]])  # one class, two patches: weights softmax(cos / lambda)
+    weights = torch.softmax(similarity / 0.2, -1)
+    assert region_aggregate(similarity, 0.2).item() == pytest.approx((weights * similarity).sum().item())
+
+
 def test_the_gate_starts_as_the_mean_over_conditions_and_learns_a_mixture_per_image(world):
     """The router is a LoRA module (zero up-projection): it starts uniform, the "gate off" model. One round of
     local training (fedmpt_scenes: 8 epochs; a client of 100 samples) must give each image a mixture of its own
@@ -126,7 +155,8 @@ def test_conditions_come_inline_or_from_a_file(tmp_path):
 def test_paper_configs_load(dataset, tmp_path):
     spec = load_spec(f"fedmpt_{dataset}", [f"data.root={tmp_path}"])
     p = spec.method.params
-    assert (p.ot_epsilon, p.tau, p.n_cond_ctx, p.n_cls_ctx, p.adapter_rank, p.lr) == (0.2, 4.0, 4, 4, 32, 1e-3)
+    assert (p.ot_epsilon, p.tau, p.n_cond_ctx, p.n_cls_ctx, p.adapter_rank, p.lr) == (0.2, 0.04, 4, 4, 32, 1e-3)
+    assert p.regions == "patches"
     assert spec.backbone.name == "ViT-B-16" and spec.backbone.pretrained == "openai"
 
 

@@ -271,7 +271,7 @@ def test_report_links_fedvlp_saved_views_of_the_sweep(sweep, tracking_uri, tmp_p
     assert view["groupBy"]["groupByKeys"] == [{"mode": "tag", "groupByData": "method"}]
     assert view["orderByKey"] == "metrics.`val_mAP`" and "metrics.`test_mAP`" in view["selectedColumns"]
     charts = [c["metricKey"] for c in view["compareRunCharts"]]
-    assert charts == ["val_mAP", "test_mAP", "shift_mAP", "personal_mAP", "train_loss"]
+    assert charts == ["val_mAP", "test_mAP", "shift_mAP", "personal_mAP", "personal_val_mAP", "train_loss"]
     client.set_experiment_tag(exp_id, "mlflow.sharedViewState.fedvlp.val_mAP", "edited in the UI")
     cli.main(["report", "sweep-heterogeneity", "--tracking-uri", tracking_uri, "--out", str(tmp_path / "r")])
     assert client.get_experiment(exp_id).tags["mlflow.sharedViewState.fedvlp.val_mAP"] == "edited in the UI"

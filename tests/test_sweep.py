@@ -63,10 +63,12 @@ def test_bad_space_files_name_the_key(tmp_path, fields, message):
         load_sweep(write_space(tmp_path, **fields))
 
 
-@pytest.mark.parametrize("metric", ["test_mAP", "personal_mAP", "mAP"])
+@pytest.mark.parametrize("metric", ["test_mAP", "personal_mAP", "personal_mAP_std", "shift_mAP", "mAP",
+                                    "personal_test_mAP"])
 def test_no_selection_path_accepts_a_test_metric(tmp_path, metric):
     """A sweep's best trial and ASHA read the space file's metric, `fedvlp tune` its --metric: each refuses
-    anything but a val_* metric, even when the check at load time is bypassed."""
+    anything but a val_* or personal_val_* metric (personal_* is the clients' local test sets), even when the check
+    at load time is bypassed."""
     from fedvlp.platform.tune import load_tune, run_tune
 
     with pytest.raises(ConfigError, match=rf"metric: expected a val_\* metric .* got '{metric}'"):
@@ -79,6 +81,18 @@ def test_no_selection_path_accepts_a_test_metric(tmp_path, metric):
     tune_spec = dataclasses.replace(load_tune("quickstart", budget=2), metric=metric)
     with pytest.raises(ConfigError, match=r"--metric: expected a val_\* metric"):
         run_tune(tune_spec)
+
+
+def test_a_personalised_method_is_tuned_on_its_clients_local_val_sets(tmp_path):
+    """FedOTP declares its clients' own models as what it is tuned on: `fedvlp tune` selects it on
+    personal_val_mAP by default (never personal_mAP, the local test sets), and sweeps and --metric accept it."""
+    from fedvlp.platform.tune import load_tune
+
+    assert load_tune("fedotp_scenes", budget=2).metric == "personal_val_mAP"
+    assert load_tune("quickstart", budget=2).metric == "val_mAP"
+    assert load_tune("fedavg_p_recipes", budget=2).metric == "val_accuracy"
+    assert load_tune("quickstart", budget=2, metric="personal_val_mAP").metric == "personal_val_mAP"
+    assert load_sweep(write_space(tmp_path, metric="personal_val_mAP")).metric == "personal_val_mAP"
 
 
 def _nested_runs(uri: str, experiment: str):

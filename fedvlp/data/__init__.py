@@ -3,7 +3,7 @@
 `prepare_data(spec)` reads the dataset the spec names (a registered reader, `fedvlp.data.registry`),
 splits val and the held-out pool off the training data where the reader has none, hides training
 annotations (label mask), splits the training set and the held-out pool over the virtual clients with
-one partition rule (so each client's local test set comes from its own distribution), and draws the
+one partition rule (so each client's local val and local test sets come from its own distribution), and draws the
 missing-modality tables. It runs in the driver before any cluster work, so bad data fails early, and
 it is what `fedvlp data stats` inspects.
 """
@@ -21,7 +21,7 @@ from fedvlp.seeding import numpy_rng
 
 __all__ = ["Dataset", "Split", "FederatedData", "load_dataset", "prepare_data"]
 
-VAL_KEY, HOLDOUT_KEY = 0, 1  # keys of the "split" seed stream
+VAL_KEY, HOLDOUT_KEY, LOCAL_VAL_KEY = 0, 1, 2  # keys of the "split" seed stream
 
 
 @dataclass(frozen=True, eq=False)
@@ -29,7 +29,8 @@ class FederatedData:
     dataset: Dataset
     train_labels: np.ndarray              # after the label mask; val, test and held-out labels are never masked
     parts: list[np.ndarray]               # training-sample indices of each virtual client
-    local_tests: list[np.ndarray]         # held-out-pool indices of each client's local test set
+    local_tests: list[np.ndarray]         # held-out-pool indices of each client's local test set (personal_*)
+    local_vals: list[np.ndarray]          # held-out-pool indices of each client's local val set (personal_val_*)
     train_missing: np.ndarray | None      # image+text only: per-sample missing code (data.missing)
     holdout_missing: np.ndarray | None    # image+text only: the held-out pool's, drawn with each client's pattern
     val_missing: np.ndarray | None        # image+text only: val under the training setting
@@ -131,8 +132,19 @@ def prepare_data(spec) -> FederatedData:
         eval_missing = eval_tables(len(dataset.test), data.missing_rate, data.missing_type, spec.seed)
     elif data.missing_rate > 0:
         raise ConfigError(f"data.missing_rate: {dataset.name} has no text modality to miss")
-    if spec.federation.pooled_from:  # the centralised arm: the federated clients' data, codes and all, in one place
-        parts_union = [np.sort(np.concatenate(parts_union))]
     parts = [p[p < n] for p in parts_union]
-    local_tests = [p[p >= n] - n for p in parts_union]
-    return FederatedData(dataset, labels, parts, local_tests, train_missing, holdout_missing, val_missing, eval_missing)
+    local_vals, local_tests = local_splits([p[p >= n] - n for p in parts_union], data.local_val_fraction, spec.seed)
+    if spec.federation.pooled_from:  # the centralised arm: the federated clients' data, codes and all, in one place
+        parts, local_vals, local_tests = ([np.sort(np.concatenate(x))] for x in (parts, local_vals, local_tests))
+    return FederatedData(dataset, labels, parts, local_tests, local_vals, train_missing, holdout_missing, val_missing,
+                         eval_missing)
+
+
+def local_splits(held_out: list[np.ndarray], fraction: float, seed: int) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """(local vals, local tests) of the clients, from their parts of the held-out pool: the seed marks a `fraction`
+    of the pool as local val (what a personalised method is tuned on), whichever client a sample falls to, so a
+    centralised arm's local sets are its federated counterpart's pooled; the rest is local test."""
+    size = sum(map(len, held_out))
+    is_val = np.zeros(size, dtype=bool)
+    is_val[numpy_rng(seed, "split", LOCAL_VAL_KEY).permutation(size)[:round(fraction * size)]] = True
+    return [p[is_val[p]] for p in held_out], [p[~is_val[p]] for p in held_out]

@@ -20,7 +20,7 @@ def class_counts(data: FederatedData) -> np.ndarray:
 def format_stats(data: FederatedData, top: int = 3) -> str:
     names = data.dataset.class_names
     counts = class_counts(data)
-    header = (f"{'client':>6} {'samples':>8} {'local test':>10} {'classes':>7}  "
+    header = (f"{'client':>6} {'samples':>8} {'local val':>9} {'local test':>10} {'classes':>7}  "
               f"top classes (share of the client's labels)")
     if data.train_missing is not None:
         header += "   missing: text / image"
@@ -33,7 +33,8 @@ def format_stats(data: FederatedData, top: int = 3) -> str:
         total = max(int(row.sum()), 1)
         best = np.argsort(-row, kind="stable")[:top]
         tops = ", ".join(f"{names[c]} {row[c] / total:.2f}" for c in best if row[c] > 0)
-        line = f"{cid:>6} {len(idx):>8} {len(data.local_tests[cid]):>10} {int((row > 0).sum()):>7}  {tops}"
+        line = (f"{cid:>6} {len(idx):>8} {len(data.local_vals[cid]):>9} {len(data.local_tests[cid]):>10} "
+                f"{int((row > 0).sum()):>7}  {tops}")
         if data.train_missing is not None:
             summary = missing_summary(data.train_missing[idx])
             line += f"   {summary['missing_text']:.2f} / {summary['missing_image']:.2f}"

@@ -41,6 +41,10 @@ class MethodDeclaration:
     # parameter-name prefix -> server rule (a name in fedvlp.platform.aggregation.RULES, or LOCAL);
     # the longest prefix wins; `server.rules` in the config overrides entries per prefix
     server_rules: dict[str, str] = {"": "fedavg"}
+    # the evaluation set `fedvlp tune` selects on by default: "val", the global model on the val split, or
+    # "personal_val", each client's own model on its local val set (a method whose reference evaluates only the
+    # clients' own models, and whose global part is trained beside a local one, not to stand alone)
+    selection_set: ClassVar[Literal["val", "personal_val"]] = "val"
 
 
 PAPER_CONDITIONS = ("spatial layout", "object pose", "background", "lighting", "object scale")  # FedMPT's
@@ -157,10 +161,19 @@ class FedMPTParams:
     n_cls_ctx: int = spec_field(4, "beta_cls: learned class-level tokens shared by all prompts", ge=1)
     cls_ctx_init: str = spec_field("a photo of a", "words the class context starts from ('' = random)")
     adapter_rank: int = spec_field(32, "D_s: rank of each condition's adapter and of the gate", ge=1)
-    tau: float = spec_field(4.0, "temperature of the OT row marginal (patch importance)", gt=0)
-    ot_epsilon: float = spec_field(0.2, "lambda: entropic regularisation of the Sinkhorn plan", gt=0)
+    regions: Literal["patches", "pooled+patches"] = spec_field(
+        "patches", "what the condition prompts are aligned to: the M patch tokens (the paper's patch-level features), "
+                   "or the pooled token with them")
+    # Every temperature below divides a cosine (the paper's S, whose cost is C = 1 - S), so they compare directly.
+    tau: float = spec_field(0.04, "temperature of the OT row marginal a_m = softmax_m(max_c cos_mc / tau) (patch "
+                                  "importance); the paper's tau = 4 on CLIP ViT-B/16's logits (100 x cos) is 0.04",
+                            gt=0)
+    ot_epsilon: float = spec_field(0.2, "lambda: entropic regularisation of the Sinkhorn plan on the cost 1 - cos "
+                                        "(paper 0.2), so a plan weighs patches as exp(cos / lambda)", gt=0)
     ot_iters: int = spec_field(100, "Sinkhorn iterations at most (it stops early at convergence)", ge=1)
-    region_temperature: float = spec_field(0.05, "softmax temperature over patches when ot is off", gt=0)
+    region_temperature: float | None = spec_field(
+        None, "ot off: the softmax temperature over patches, softmax_m(cos_mc / T) (null: ot_epsilon, so that "
+              "turning OT on changes the transport, not the sharpness)", gt=0)
     cps: bool = spec_field(True, "ablation: condition prompts")
     adapters: bool = spec_field(True, "ablation: per-condition adapters")
     ot: bool = spec_field(True, "ablation: optimal transport (off: region aggregation)")
@@ -344,6 +357,7 @@ class FedOTP(MethodDeclaration):
     Params = FedOTPParams
     feature_kind = "tokens"
     server_rules = {"": "fedavg", "local_ctx": LOCAL}
+    selection_set = "personal_val"  # tuned on its clients' [global; local] prompts, the model its reference scores
 
 
 class FedPrime(MethodDeclaration):

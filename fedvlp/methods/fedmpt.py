@@ -1,9 +1,9 @@
 """FedMPT: federated multi-label prompt tuning with conditions, adapters, optimal transport and a gate.
 
-Implements the paper (CVPR 2026; summary in shared/papers), not its released code, which lacks
-the OT, the adapters and the learned gate. For an image with frozen token features f_v(v_m)
-(the regions are CLIP's pooled token and its M patch tokens, all projected into the joint space;
-ViT patch tokens alone align poorly with text, the pooled one anchors the transport):
+Implements the paper (CVPR 2026), not its released code, which lacks the OT, the adapters and the
+learned gate. For an image with frozen token features f_v(v_m) (the regions: by default the M patch
+tokens projected into the joint space, the paper's patch-level features; `regions: pooled+patches`
+adds CLIP's pooled token, which anchors the transport where patch tokens align poorly with text):
 
 1. Condition prompts. N conditions (spatial layout, object pose, ...) fill the [COND] slot of
    [cond ctx x Bc][COND][class ctx x Bk][CLASS]; the condition context is separate per
@@ -12,10 +12,11 @@ ViT patch tokens alone align poorly with text, the pooled one anchors the transp
    f_n(v_m) = f_v(v_m) + W_up,n W_down,n f_v(v_m) (rank D_s; W_up starts at zero, so training
    starts from CLIP's own features). The adapters act on features, not on a layer of the
    backbone, which is why this is a plain module and not a peft wrapper.
-3. Optimal transport. S^n_mc = cos(f_n(v_m), t[n, c]); row marginal a_m = softmax_m(s max_c S_mc / tau)
-   on CLIP's scaled similarity (s = CLIP's logit scale, so tau = 4 is not a flat softmax),
+3. Optimal transport. S^n_mc = cos(f_n(v_m), t[n, c]); row marginal a_m = softmax_m(max_c S_mc / tau),
    column marginal uniform; P* = entropic Sinkhorn (epsilon = lambda) on cost 1 - S;
-   psi_n,c = sum_m P*_mc S_mc, rescaled by C (each column carries mass 1/C).
+   psi_n,c = sum_m P*_mc S_mc, rescaled by C (each column carries mass 1/C). tau, lambda and the
+   temperature of the path without OT all divide the cosine S: the paper's tau = 4 is stated on
+   CLIP ViT-B/16's logits (100 S), so tau = 0.04 here, on any backbone.
 4. Gate. A low-rank router Omega on the pooled image feature gives w = softmax(Omega(f_v(v)));
    the prediction is sum_n w_n * logit_n, with logit_n = s * psi_n + b (learned scale and bias).
    Omega is a LoRA module like the adapters (W_down random, W_up zero), so the gate starts as the
@@ -29,7 +30,8 @@ ViT patch tokens alone align poorly with text, the pooled one anchors the transp
 
 Ablation switches (the rows of the paper's Table 4): `cps` (off: plain class prompts shared by
 all conditions), `adapters` (off: raw patch features), `ot` (off: DualCoOp region aggregation,
-softmax over patches), `gate` (off: mean over conditions).
+softmax over patches at the plan's temperature lambda), `gate` (off: mean over conditions), and
+`regions: pooled+patches` (the pooled token as one more region).
 """
 from __future__ import annotations
 
@@ -86,8 +88,9 @@ class FedMPT(declarations.FedMPT, Method):
     def condition_logits(self, features: torch.Tensor) -> torch.Tensor:
         """Per-condition logits [B, N, C] from frozen token features [B, 1 + M, D]."""
         p = self.params
-        # The pooled token and the M patches are the regions (see module docstring). All images'
-        # regions are rows of one matrix, conditions lead: every product below is one (batched) GEMM.
+        if p.regions == "patches":  # the paper's patch-level features; the gate still reads the pooled token
+            features = features[:, 1:]
+        # All images' regions are rows of one matrix, conditions lead: every product below is one (batched) GEMM.
         batch, regions, dim = features.shape
         rows = features.reshape(batch * regions, dim)
         text = self.template.encode(self.cond_ctx if p.cps else None, self.cls_ctx)  # [N or 1, C, D]
@@ -96,13 +99,11 @@ class FedMPT(declarations.FedMPT, Method):
         # (F.normalize's floor) rather than normalising the [.., D] views first; same value
         norms = views.norm(dim=-1, keepdim=True).clamp_min(1e-12)
         similarity = (views @ text.transpose(-1, -2) / norms).view(-1, batch, regions, text.shape[1])
-        if p.ot:
-            # tau applies to CLIP-scaled similarities (scale x cos), the scale CLIP scores live on
-            tau = p.tau / self.backbone.logit_scale
-            scores = ot_region_scores(similarity, tau, epsilon=p.ot_epsilon, max_iter=p.ot_iters,
+        if p.ot:  # tau, lambda and the temperature without OT all divide the cosine
+            scores = ot_region_scores(similarity, p.tau, epsilon=p.ot_epsilon, max_iter=p.ot_iters,
                                       tol=OT_TOLERANCE) * text.shape[1]
         else:
-            scores = region_aggregate(similarity.transpose(-1, -2), p.region_temperature)
+            scores = region_aggregate(similarity.transpose(-1, -2), p.region_temperature or p.ot_epsilon)
         logits = self.log_scale.exp() * scores + self.bias  # [N or 1, B, C]
         # without condition prompts and adapters every condition sees the same logits: computed once
         return logits.expand(self.num_conditions, -1, -1).transpose(0, 1)

@@ -594,7 +594,8 @@ def _attach_data(spec, data, pool: WorkerPool, worker: dict, say) -> dict[str, s
     holdout_ref = ray.put((features.pop("holdout"), data.holdout.labels, data.holdout_missing))
     missing = {"val": data.val_missing, **{_eval_set_name(n): t for n, t in (data.eval_missing or {}).items()}}
     eval_ref = ray.put({name: (f, missing.get(name)) for name, f in features.items()})
-    pool.attach(train_ref, holdout_ref, data.parts, data.local_tests, eval_ref,
+    pool.attach(train_ref, holdout_ref, data.parts, {"personal": data.local_tests, "personal_val": data.local_vals},
+                eval_ref,
                 max(len(data.val), len(dataset.test), len(dataset.shift or ())))
     return cache_status
 
@@ -614,7 +615,8 @@ def _evaluate(pool: WorkerPool, coordinator, data, task, cooccurring) -> dict[st
     Names: "<set>_<metric>" for the sets "val", "test", "shift" where the dataset has one ("shift_mAP",
     "shift_hallucination_gap") and, on image+text data, the six fixed test sets ("test_full_accuracy",
     "test_text_only_macro_f1", ...); "personal_<metric>" for the mean over the clients
-    of their own model on their local test set, and "personal_<metric>_std" for its spread over the clients.
+    of their own model on their local test set, and "personal_<metric>_std" for its spread over the clients;
+    "personal_val_<metric>" likewise on their local val sets (what a personalised method is tuned on).
     """
     state_ref = coordinator.global_state.remote()
     per_worker = pool.evaluate(state_ref)
@@ -623,24 +625,24 @@ def _evaluate(pool: WorkerPool, coordinator, data, task, cooccurring) -> dict[st
         blocks = sorted((b for scores in per_worker for b in scores[name]), key=lambda b: b[0])
         logits = np.concatenate([scores for _, scores in blocks])
         metrics.update({f"{name}_{k}": v for k, v in _scores(task, logits, data.labels_of(name), cooccurring).items()})
-    if pool.local_test_clients:
-        clients = sorted(pool.local_test_clients)
-        by_client = pool.evaluate_clients(state_ref, coordinator.client_states_of.remote(clients))
+    if pool.local_clients:
+        by_set = pool.evaluate_clients(state_ref, coordinator.client_states_of.remote(sorted(pool.local_clients)))
         holdout = data.holdout.labels
-        metrics.update(personal_metrics([_scores(task, by_client[cid], holdout[data.local_tests[cid]])
-                                         for cid in clients]))
+        for name, indices in (("personal", data.local_tests), ("personal_val", data.local_vals)):
+            metrics.update(personal_metrics([_scores(task, logits, holdout[indices[cid]])
+                                             for cid, logits in sorted(by_set[name].items())], name))
     return metrics
 
 
-def personal_metrics(per_client: list[dict[str, float]]) -> dict[str, float]:
-    """`personal_<metric>` and `personal_<metric>_std`: the mean and spread over the clients of each metric of their
-    own models (a metric no client could score is left out)."""
+def personal_metrics(per_client: list[dict[str, float]], prefix: str = "personal") -> dict[str, float]:
+    """`<prefix>_<metric>` and `<prefix>_<metric>_std`: the mean and spread over the clients of each metric of their
+    own models on one of their local sets (a metric no client could score is left out)."""
     out = {}
     for key in per_client[0] if per_client else []:
         values = np.array([m[key] for m in per_client], dtype=np.float64)
         if not np.isnan(values).all():
-            out[f"personal_{key}"] = float(np.nanmean(values))
-            out[f"personal_{key}_std"] = float(np.nanstd(values))
+            out[f"{prefix}_{key}"] = float(np.nanmean(values))
+            out[f"{prefix}_{key}_std"] = float(np.nanstd(values))
     return out
 
 

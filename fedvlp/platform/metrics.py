@@ -15,8 +15,18 @@ from numpy.typing import ArrayLike
 
 UNKNOWN = -1
 # The sets a run's metrics are named after ("<set>_<metric>"), in the order tables show them: the global model on
-# val, test and a dataset's shifted split, and the clients' own models on their local test sets.
-EVALUATION_SETS = ("val", "test", "shift", "personal")
+# val, test and a dataset's shifted split, and the clients' own models on their local test and local val sets.
+LOCAL_SETS = ("personal", "personal_val")
+EVALUATION_SETS = ("val", "test", "shift", *LOCAL_SETS)
+
+
+def split_metric(metric: str) -> tuple[str, str]:
+    """(evaluation set, metric within it): "personal_val_mAP" -> ("personal_val", "mAP"); ("", metric) for a name
+    that starts with no evaluation set ("train_loss")."""
+    for name in sorted(EVALUATION_SETS, key=len, reverse=True):
+        if metric.startswith(name + "_"):
+            return name, metric[len(name) + 1:]
+    return "", metric
 
 
 def _safe_div(num: ArrayLike, den: ArrayLike) -> np.ndarray:

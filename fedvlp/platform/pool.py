@@ -49,7 +49,7 @@ class WorkerPool:
         self._data: list[tuple] = []  # per worker: the arguments of its `attach`
         self.home: dict[int, int] = {}
         self.cost: list[int] = []  # per client: local steps per epoch, what `balance_cohort` weighs
-        self.local_test_clients: set[int] = set()
+        self.local_clients: set[int] = set()  # the clients with a local test or val set
         self.client_states_kept = True  # until an aggregation says the coordinator holds none (`_collect_updates`)
         self.actors: list = []
 
@@ -79,20 +79,23 @@ class WorkerPool:
         return wait_all([a.ready.remote() for a in actors or self.actors], "start-up of the client workers",
                         self.spec.resources.startup_timeout_s, "resources.startup_timeout_s")
 
-    def attach(self, train_ref, holdout_ref, parts: list, local_tests: list, eval_ref, eval_size: int) -> None:
-        """Give every worker its clients' training data and local test sets, and its share of the evaluation
-        blocks (blocks of EVAL_BLOCK samples of every evaluation set, dealt round-robin over the workers)."""
+    def attach(self, train_ref, holdout_ref, parts: list, local_sets: dict[str, list], eval_ref,
+               eval_size: int) -> None:
+        """Give every worker its clients' training data and local sets (`local_sets`: "personal" / "personal_val"
+        -> each client's held-out-pool indices), and its share of the evaluation blocks (blocks of EVAL_BLOCK
+        samples of every evaluation set, dealt round-robin over the workers)."""
         count = len(self.actors)
         self.home = {cid: cid % count for cid in range(len(parts))}
         self.cost = client_costs(self.spec, parts)
         parts_ref = ray.put(list(parts))  # every client's training indices: any worker can train a visiting client
         blocks = [(s, s + EVAL_BLOCK) for s in range(0, eval_size, EVAL_BLOCK)]
         self._data = [(train_ref, holdout_ref,
-                       {c: (parts[c], local_tests[c]) for c in self.home if self.home[c] == w},
+                       {c: (parts[c], {name: sets[c] for name, sets in local_sets.items()})
+                        for c in self.home if self.home[c] == w},
                        eval_ref, blocks[w::count], parts_ref) for w in range(count)]
         wait_all([actor.attach.remote(*self._data[w]) for w, actor in enumerate(self.actors)],
                  "loading client data", self.spec.resources.startup_timeout_s, "resources.startup_timeout_s")
-        self.local_test_clients = {c for c in self.home if len(local_tests[c])}
+        self.local_clients = {c for c in self.home if any(len(sets[c]) for sets in local_sets.values())}
 
     def place(self, cohort: list[int]) -> dict[int, int]:
         """The worker index each client of the cohort trains on this round (`resources.cohort_placement`)."""
@@ -124,11 +127,13 @@ class WorkerPool:
         """Every worker's logits for its evaluation blocks; a worker found dead is replaced and asked again."""
         return self._on_every_worker(lambda actor: actor.evaluate.remote(state_ref), "evaluation")
 
-    def evaluate_clients(self, state_ref, local_states_ref) -> dict[int, np.ndarray]:
-        """Each client's logits on its local test set, with the global state and its own local state."""
+    def evaluate_clients(self, state_ref, local_states_ref) -> dict[str, dict[int, np.ndarray]]:
+        """Each client's logits on its local sets ({"personal": {client: logits}, "personal_val": ...}), with the
+        global state and its own local state."""
         per_worker = self._on_every_worker(lambda actor: actor.evaluate_clients.remote(state_ref, local_states_ref),
-                                           "evaluation of the clients' local test sets")
-        return {cid: logits for scores in per_worker for cid, logits in scores.items()}
+                                           "evaluation of the clients' local sets")
+        return {name: {cid: logits for scores in per_worker for cid, logits in scores[name].items()}
+                for name in per_worker[0]}
 
     def _on_every_worker(self, call, what: str) -> list:
         actors = list(self.actors)

@@ -31,7 +31,7 @@ from urllib.parse import quote
 import numpy as np
 
 from fedvlp.errors import FedvlpError
-from fedvlp.platform.metrics import EVALUATION_SETS
+from fedvlp.platform.metrics import split_metric
 from fedvlp.platform.sampling import cohort_size
 from fedvlp.platform.sweep import VARIANT_KEY
 
@@ -49,14 +49,16 @@ def key_label(key: str) -> str:
 
 def metric_label(metric: str, unit: bool = False) -> str:
     # Every fedvlp score is a fraction in [0, 1], not a percentage.
-    split, _, name = metric.partition("_")
-    text = f"{split} {name.replace('_', ' ')}" if split in EVALUATION_SETS else metric.replace("_", " ")
+    split, name = split_metric(metric)
+    text = f"{split.replace('_', ' ')} {name.replace('_', ' ')}" if split else metric.replace("_", " ")
     return text + (" (0–1)" if unit else "")
 
 
 def test_metric_of(metric: str) -> str:
-    """The test counterpart of a selection metric (val_mAP -> test_mAP)."""
-    return "test_" + metric[len("val_"):] if metric.startswith("val_") else metric
+    """The test counterpart of a selection metric: val_mAP -> test_mAP, a client's local val set's
+    personal_val_mAP -> personal_mAP (its local test set)."""
+    split, name = split_metric(metric)
+    return {"val": f"test_{name}", "personal_val": f"personal_{name}"}.get(split, metric)
 
 
 def _value(text: str | None) -> float | str | None:

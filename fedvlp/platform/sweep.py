@@ -87,10 +87,14 @@ def _fail(path, key: str, expected: str, got=None) -> ConfigError:
 
 
 def check_selection_metric(metric, where: str) -> str:
-    """What selects (a sweep's best trial, ASHA, `fedvlp tune`) reads a val_* metric, never a test one."""
-    if not isinstance(metric, str) or not metric.startswith("val_"):
-        raise ConfigError(f"{where}: expected a val_* metric such as val_mAP or val_accuracy (selection never reads "
-                          f"test or personal metrics), got {metric!r}")
+    """What selects (a sweep's best trial, ASHA, `fedvlp tune`) reads a val_* metric, or personal_val_* (each
+    client's own model on its local val set); never a test, shift or local test (personal_*) one."""
+    from fedvlp.platform.metrics import split_metric
+
+    if not isinstance(metric, str) or split_metric(metric)[0] not in ("val", "personal_val"):
+        raise ConfigError(f"{where}: expected a val_* metric such as val_mAP or val_accuracy, or personal_val_* (the "
+                          f"clients' local val sets); selection never reads test, shift or personal (local test) "
+                          f"metrics, got {metric!r}")
     return metric
 
 

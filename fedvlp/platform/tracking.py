@@ -25,7 +25,7 @@ import yaml
 
 from fedvlp.errors import FedvlpError, TrackingError
 from fedvlp.paths import default_tracking_uri
-from fedvlp.platform.metrics import EVALUATION_SETS
+from fedvlp.platform.metrics import EVALUATION_SETS, split_metric
 
 os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
 logging.getLogger("alembic").setLevel(logging.WARNING)
@@ -137,8 +137,8 @@ def save_ui_views(store, experiment_id: str, metric: str = "val_mAP") -> bool:
     """
     from mlflow import MlflowClient
 
-    split, _, key = metric.partition("_")
-    twins = [f"{s}_{key}" for s in EVALUATION_SETS] if split in EVALUATION_SETS else [metric]
+    split, key = split_metric(metric)
+    twins = [f"{s}_{key}" for s in EVALUATION_SETS] if split else [metric]
     columns = ["tags.`method`", *(f"metrics.`{m}`" for m in twins)]
     table = {"selectedColumns": columns, "orderByKey": f"metrics.`{metric}`", "orderByAsc": False,
              "columnOrder": ["attributes.`Run Name`", "runDateAndNestInfo", "duration", *columns],  # widths need it

@@ -71,9 +71,12 @@ def load_tune(config, budget: int, seeds=(0, 1), metric: str | None = None, mode
         raise ConfigError(f"--budget: expected an integer >= 1, got {budget!r}")
     if not seeds or any(not isinstance(s, int) or s < 0 for s in seeds):
         raise ConfigError(f"--seeds: expected non-negative integers, got {list(seeds)!r}")
-    if metric is None:
-        metric = "val_accuracy" if spec.data.name in ("synthetic-recipes", "food101") or (
-            spec.data.name == "mmimdb" and getattr(spec.data.options, "protocol", "") == "fedprime") else "val_mAP"
+    if metric is None:  # the method's own selection set (fedvlp.methods.declarations.MethodDeclaration)
+        from fedvlp.methods.registry import declaration
+
+        single_label = spec.data.name in ("synthetic-recipes", "food101") or (
+            spec.data.name == "mmimdb" and getattr(spec.data.options, "protocol", "") == "fedprime")
+        metric = f"{declaration(spec.method.name).selection_set}_{'accuracy' if single_label else 'mAP'}"
     check_selection_metric(metric, "--metric")
     if mode not in ("max", "min"):
         raise ConfigError(f"--mode: expected max or min, got {mode!r}")

@@ -16,6 +16,7 @@ import ray
 
 from fedvlp.backbones import load_backbone
 from fedvlp.data.missing import apply_missing
+from fedvlp.platform.metrics import LOCAL_SETS
 from fedvlp.platform.updates import ClientUpdate
 from fedvlp.seeding import torch_generator
 
@@ -73,7 +74,7 @@ class ClientWorker:
         # that a balanced round sends here from a busier worker.
         self.train: tuple = ()
         self.parts: list[np.ndarray] = []
-        self.local_tests: dict[int, ClientData] = {}
+        self.local_sets: dict[str, dict[int, ClientData]] = {}  # "personal" / "personal_val" -> client -> its set
         self.eval_blocks: dict[str, list[tuple[int, object]]] = {}
         self.faults: dict[tuple[int, int], tuple] = {}  # (round, client) -> injected fault (`inject_fault`)
 
@@ -138,18 +139,20 @@ class ClientWorker:
         return ClientData(self._inputs(features[indices], None if missing is None else missing[indices]),
                           torch.from_numpy(labels[indices].astype(dtype)).to(self.device))
 
-    def attach(self, train: tuple, holdout: tuple, clients: dict[int, tuple[np.ndarray, np.ndarray]],
+    def attach(self, train: tuple, holdout: tuple, clients: dict[int, tuple[np.ndarray, dict[str, np.ndarray]]],
                eval_sets: dict[str, tuple], eval_blocks: list[tuple[int, int]], parts: list[np.ndarray]) -> list[int]:
-        """Keep this worker's clients' training data and local test sets, and its blocks of every evaluation set.
+        """Keep this worker's clients' training data and local sets, and its blocks of every evaluation set.
 
         `train` and `holdout` are (features, labels, missing table or None); `clients` maps each of this
-        worker's clients to (its training indices, its held-out-pool indices); `eval_sets` maps each
+        worker's clients to (its training indices, {"personal": its local test set's held-out-pool indices,
+        "personal_val": its local val set's}); `eval_sets` maps each
         evaluation set ("val", "test", "test_full", ...) to (features, missing table or None); `parts` holds
         every client's training indices, so that a visiting client's data can be read from `train`.
         """
         self.clients = {cid: self._client_data(train, idx) for cid, (idx, _) in clients.items()}
         self.train, self.parts = train, parts
-        self.local_tests = {cid: self._client_data(holdout, idx) for cid, (_, idx) in clients.items() if len(idx)}
+        self.local_sets = {name: {cid: self._client_data(holdout, local[name]) for cid, (_, local) in clients.items()
+                                  if len(local[name])} for name in LOCAL_SETS}
         self.eval_blocks = {
             name: [(start, self._inputs(f[start:end], None if m is None else m[start:end]))
                    for start, end in eval_blocks if start < len(f)]
@@ -214,14 +217,17 @@ class ClientWorker:
         return {name: [(start, self.method.score(inputs).cpu().numpy()) for start, inputs in blocks]
                 for name, blocks in self.eval_blocks.items()}
 
-    def evaluate_clients(self, global_state: dict, local_states: dict[int, dict | None]) -> dict[int, np.ndarray]:
-        """Logits of each of this worker's clients on its local test set, under the model that client would
-        use: the global state with its own local state."""
+    def evaluate_clients(self, global_state: dict, local_states: dict[int, dict | None]
+                         ) -> dict[str, dict[int, np.ndarray]]:
+        """Logits of each of this worker's clients on its local test and val sets ({"personal": {client: logits},
+        "personal_val": ...}), under the model that client would use: the global state with its own local state."""
         global_state = _to(global_state, self.device)
-        out = {}
-        for cid, data in sorted(self.local_tests.items()):
+        out: dict[str, dict[int, np.ndarray]] = {name: {} for name in LOCAL_SETS}
+        for cid in sorted(set().union(*self.local_sets.values())):
             self.method.load(global_state, _to_optional(local_states.get(cid), self.device))
-            out[cid] = self.method.score(data.features).cpu().numpy()
+            for name, sets in self.local_sets.items():
+                if cid in sets:
+                    out[name][cid] = self.method.score(sets[cid].features).cpu().numpy()
         return out
 
 
