@@ -26,6 +26,48 @@ INTERRUPTIBLE_FEDVLP = [sys.executable, "-c", "import runpy, signal, sys; signal
                         "signal.default_int_handler); sys.argv[0] = 'fedvlp'; runpy.run_module('fedvlp', "
                         "run_name='__main__', alter_sys=True)"]
 
+# A driver that kills itself and its own Ray (kill -9 of its process group) right after a given round's
+# checkpoint is on disk: a kill drill that lands mid-run whatever the load, instead of racing a pipe reader.
+# Argv: the round, then the run config's --set overrides.
+KILLED_AFTER_ROUND = [sys.executable, "-c", "import os, signal, sys; from fedvlp.config import load_spec; "
+                      "from fedvlp.platform.engine import run_federated; kill_round = int(sys.argv[1]); "
+                      "run_federated(load_spec(None, sys.argv[2:]), on_round=lambda r, *_: r == kill_round and "
+                      "os.killpg(0, signal.SIGKILL))"]
+
+
+def read_until(proc: subprocess.Popen, prefix: str, timeout: float = CLI_TIMEOUT_S) -> list[str]:
+    """The lines `proc` prints until one starts with `prefix`. A thread reads the pipe, so the deadline holds even
+    when the child falls silent; if the line never comes, the child's process group is killed and the test fails."""
+    import queue
+    import threading
+    import time
+
+    lines: queue.Queue = queue.Queue()
+
+    def pump() -> None:  # stops at the line it waits for, so the caller can read the rest (communicate)
+        for line in proc.stdout:  # type: ignore[union-attr]
+            lines.put(line)
+            if line.startswith(prefix):
+                return
+        lines.put(None)
+
+    threading.Thread(target=pump, daemon=True).start()
+    deadline, seen = time.monotonic() + timeout, []
+    try:
+        while True:
+            line = lines.get(timeout=max(0.0, deadline - time.monotonic()))
+            if line is None:
+                raise AssertionError(f"the process ended before {prefix!r}:\n" + "".join(seen[-30:]))
+            seen.append(line)
+            if line.startswith(prefix):
+                return seen
+    except queue.Empty:
+        os.killpg(proc.pid, signal.SIGKILL)
+        raise AssertionError(f"no line {prefix!r} within {timeout:.0f} s:\n" + "".join(seen[-30:])) from None
+    except BaseException:
+        os.killpg(proc.pid, signal.SIGKILL)
+        raise
+
 
 # Whole sweeps and tuning runs first, so the two test processes end together instead of one waiting on them.
 HEAVY_FIRST = ("test_sweep.py::", "test_extending.py::test_the_example_method_runs_through_a_two_trial_sweep",

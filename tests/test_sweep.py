@@ -175,22 +175,35 @@ def test_sweep_runs_trials_as_nested_mlflow_runs_and_reports(tmp_path, tracking_
 @pytest.mark.slow
 @pytest.mark.usefixtures("tiny_clip")
 def test_killed_sweep_resumes_with_one_run_per_trial(tmp_path, ray_cluster, tracking_uri):
+    """Kill -9 the sweep's driver while its promptfl trial is mid-run (checked in the store), --resume: every trial
+    ends once, none duplicated or left RUNNING, and the resumed one ends where an uninterrupted run ends."""
+    ROUNDS = 6  # noqa: N806
     uri = tracking_uri
     space = write_space(tmp_path, name="resume", seeds=[0], max_concurrent_trials=1,  # promptfl runs when killed
                         space={"method.name": {"grid": ["zeroshot", "promptfl"]}},
-                        set={**SMALL, "federation.rounds": 3, "tracking.uri": uri,
+                        set={**SMALL, "federation.rounds": ROUNDS, "tracking.uri": uri,
                              "output_dir": str(tmp_path / "runs")})
     log = open(tmp_path / "first.log", "w")
     first = subprocess.Popen([sys.executable, "-m", "fedvlp", "sweep", str(space)], cwd=tmp_path, stdout=log,
                              stderr=subprocess.STDOUT, start_new_session=True)
-    try:
+    client = MlflowClient(uri)
+
+    def promptfl_rounds() -> list[int]:  # the rounds the promptfl trial has logged so far
+        found = client.search_experiments(filter_string="name = 'sweep-resume'")
+        runs = client.search_runs([found[0].experiment_id], "tags.`swept.method.name` = 'promptfl'") if found else []
+        return [m.step for m in client.get_metric_history(runs[0].info.run_id, "train_loss")] if runs else []
+
+    try:  # kill once promptfl has logged its first round: with ROUNDS - 1 rounds to go, the kill lands mid-trial
         deadline = time.time() + CLI_TIMEOUT_S
-        while "finished" not in (tmp_path / "first.log").read_text():
+        while not promptfl_rounds():
             assert first.poll() is None and time.time() < deadline, (tmp_path / "first.log").read_text()[-2000:]
-            time.sleep(1)
+            time.sleep(0.2)
     finally:
         os.killpg(first.pid, signal.SIGKILL)  # the driver dies mid-sweep, its local Ray with it
         first.wait()
+    (killed,) = client.search_runs([client.get_experiment_by_name("sweep-resume").experiment_id],
+                                   "tags.`swept.method.name` = 'promptfl'")
+    assert killed.info.status == "RUNNING" and max(promptfl_rounds()) < ROUNDS  # unfinished when the kill landed
     time.sleep(3)
     again = fedvlp_cli(["sweep", str(space), "--resume"], cwd=tmp_path)
     assert again.returncode == 0, again.stderr[-3000:]
@@ -201,7 +214,7 @@ def test_killed_sweep_resumes_with_one_run_per_trial(tmp_path, ray_cluster, trac
     assert {t.info.status for t in trials} == {"FINISHED"}  # none left RUNNING
     for trial in trials:
         steps = [m.step for m in client.get_metric_history(trial.info.run_id, "val_mAP")]
-        assert sorted(set(steps)) == [0, 1, 2, 3]
+        assert sorted(set(steps)) == list(range(ROUNDS + 1))
     again_again = fedvlp_cli(["sweep", str(space)], cwd=tmp_path)
     assert again_again.returncode == 2 and "pass --resume" in again_again.stderr
     # a resumed trial ends exactly where the same run uninterrupted ends (on the session's Ray)

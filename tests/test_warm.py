@@ -9,7 +9,7 @@ import sys
 import time
 
 import pytest
-from conftest import CLI_TIMEOUT_S, INTERRUPTIBLE_FEDVLP, REPO
+from conftest import CLI_TIMEOUT_S, INTERRUPTIBLE_FEDVLP, REPO, read_until
 from mlflow import MlflowClient
 
 from fedvlp.config import CONFIGS_DIR, load_spec
@@ -111,8 +111,7 @@ def test_an_interrupted_warm_run_leaves_no_pool_behind(head, tmp_path, tracking_
                             cwd=tmp_path, env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             start_new_session=True)
     try:
-        assert proc.stdout is not None
-        next(line for line in proc.stdout if line.startswith("round 1/1000"))
+        read_until(proc, "round 1/1000")
         proc.send_signal(signal.SIGINT)
         out, _ = proc.communicate(timeout=CLI_TIMEOUT_S)
     finally:
