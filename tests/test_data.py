@@ -93,7 +93,7 @@ def test_stats_command_prints_js_rising_with_t_and_plots(tmp_path, capsys):
     for t in (0, 0.25, 0.5, 0.75, 1):
         assert main(["data", "stats", "--set", f"federation.heterogeneity={t}"]) == 0
         out = capsys.readouterr().out
-        assert out.splitlines()[1].split()[:4] == ["client", "samples", "local", "test"]
+        assert out.splitlines()[1].split()[:6] == ["client", "samples", "local", "val", "local", "test"]
         assert len([line for line in out.splitlines() if line.strip().split(" ")[0].isdigit()]) == 10
         figures.append(float(out.strip().splitlines()[-1].rsplit("=", 1)[1]))
     assert figures == sorted(figures) and figures[-1] - figures[0] > 0.4
