@@ -379,7 +379,12 @@ def _report(args) -> None:
         raise FedvlpError("report: no EXPERIMENT; expected a sweep's MLflow experiment (e.g. sweep-smoke), or "
                           "--page DIR to rebuild a report folder's page")
     uri = args.tracking_uri or default_tracking_uri()
-    check_tracking_store(uri, "--tracking-uri" if args.tracking_uri else _tracking_source(None))
+    source = "--tracking-uri" if args.tracking_uri else _tracking_source(None)
+    check_tracking_store(uri, source)
+    store = Path(uri[len("sqlite:///"):]) if uri.startswith("sqlite:///") else None
+    if store is not None and not store.is_file():  # MLflow would create an empty store there: a report reads, only
+        raise FedvlpError(f"{source}: {uri}: no MLflow store at {store}; expected the store the sweep logged to "
+                          f"(fedvlp sweep prints it)")
     files = make_report(uri, args.experiment, args.out or f"reports/{args.experiment}", metric=args.metric,
                         reference=args.reference, change=args.change)
     for name, path in files.items():

@@ -238,6 +238,8 @@ CASES = [
     case("report-mlflow-unreachable", lambda tmp: ["report", "sweep-x", "--tracking-uri",
                                                    f"http://127.0.0.1:{CLOSED_PORT}"],
          "--tracking-uri: cannot reach", f"127.0.0.1:{CLOSED_PORT}"),
+    case("report-missing-store", lambda tmp: ["report", "sweep-x", "--tracking-uri", f"sqlite:///{tmp}/none.db"],
+         "--tracking-uri: sqlite:///{tmp}/none.db: no MLflow store at {tmp}/none.db", "expected the store the sweep"),
     case("report-unknown-experiment", lambda tmp: ["report", "sweep-nope"],
          "experiment 'sweep-nope' not found", "expected the MLflow experiment of a `fedvlp sweep`"),
     # ---- resume and checkpoints
@@ -342,6 +344,7 @@ def test_bad_input_is_one_clear_line(bad: Case, tmp_path, empty_store, monkeypat
     assert not leftover, f"Ray processes left behind: {leftover}\n{context}"
     assert ray_started == bad.starts_ray, f"Ray {'did not start' if bad.starts_ray else 'started'}\n{context}"
     assert running_runs(tmp_path / "mlflow.db") == [], context
+    assert not (tmp_path / "none.db").exists(), context  # a report against a missing store creates none
     if not bad.starts_ray:  # it failed before the engine opens its MLflow run
         assert run_ids(tmp_path / "mlflow.db") == runs_before, context
 

@@ -111,6 +111,7 @@ def test_report_tables_plots_and_artifacts(sweep, tracking_uri, tmp_path):
                           "val_mAP_difference_vs_federation.heterogeneity.png",
                           "test_mAP_difference_vs_federation.heterogeneity.png", "index.md"}
     page = files["index.md"].read_text()  # the study's page: every table and plot the report wrote
+    assert "**2 seed(s): these intervals cannot decide anything.**" in page  # seeds 0 and 1 counted
     assert files["summary.md"].read_text().split("\n\n", 1)[1] in page
     assert all(f"]({name})" in page for name in files if name.endswith(".png"))
 

@@ -2,6 +2,7 @@
 ASHA, `fedvlp tune`, and the rule that nothing that selects ever reads a test metric."""
 import dataclasses
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -152,7 +153,8 @@ def test_sweep_runs_trials_as_nested_mlflow_runs_and_reports(tmp_path, tracking_
                         set={**SMALL, "tracking.uri": uri, "output_dir": str(tmp_path / "runs")})
     proc = fedvlp_cli(["sweep", str(space), "--report"], cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "sweep: 4 done, 0 running, 0 pending; best val_mAP" in proc.stdout
+    assert re.search(r"sweep: 4/4 trials done, 0 running; \d+m\d\ds elapsed, about 0m00s left; best last-round "
+                     r"val_mAP 0\.\d{4} \(method\.name=\w+, seed=\d\)", proc.stdout), proc.stdout[-2000:]
     client, parents, trials = _nested_runs(uri, "sweep-nested")
     assert len(parents) == 1 and parents[0].info.status == "FINISHED"
     assert len(trials) == 4 and {t.info.status for t in trials} == {"FINISHED"}
@@ -288,6 +290,28 @@ def test_tpe_starts_on_half_the_budget_and_a_winner_at_a_range_edge_is_named():
     # within 5 % of the log span of [3e-4, 3] from its floor (3e-4 * 10 ** 0.2 = 4.75e-4), or not
     assert range_edges({"method.local_epochs": 7, "method.lr": 4.7e-4}, ranges) == {"method.lr": "low"}
     assert range_edges({"method.local_epochs": 7, "method.lr": 4.8e-4}, ranges) == {}
+
+
+def test_the_sweep_console_counts_trials_of_the_total_and_labels_the_last_round(capsys, tmp_path):
+    """One line per finished trial: done of the total, running, failed, time elapsed and left, and the best trial by
+    its last round's metric (what reports read), the swept keys in full."""
+    from types import SimpleNamespace
+
+    from fedvlp.platform.sweep import sweep_progress
+
+    progress = sweep_progress("val_mAP", "max", total=4)
+    trial = lambda name, status, last: SimpleNamespace(  # noqa: E731
+        config={"method.name": name, "seed": 0}, status=status, last_result={"val_mAP": last})
+    first, second = trial("promptfl", "RUNNING", 0.91), trial("fedmpt", "RUNNING", 0.93)
+    progress.on_trial_complete(1, [first, second], first)
+    first.status = "TERMINATED"
+    progress.on_trial_error(1, [first, second], second)
+    lines = capsys.readouterr().out.splitlines()
+    assert re.fullmatch(r"sweep: 1/4 trials done, 1 running; 0m0\ds elapsed, about 0m0\ds left; best last-round "
+                        r"val_mAP 0\.9100 \(method\.name=promptfl, seed=0\)  "
+                        r"\[method\.name=promptfl, seed=0 finished\]", lines[0]), lines[0]
+    assert lines[1].startswith("sweep: 1/4 trials done, 0 running, 1 failed;") and "FAILED" in lines[1]
+    assert load_sweep(write_space(tmp_path, seeds=[0, 1, 2])).trial_count == 6  # 2 methods x 3 seeds
 
 
 def test_named_variants_are_swept_as_one_key(tmp_path):

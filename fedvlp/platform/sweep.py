@@ -37,6 +37,7 @@ import math
 import shutil
 import sys
 import tempfile
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -79,6 +80,12 @@ class SweepSpec:
     @property
     def swept_keys(self) -> list[str]:
         return list(self.space)
+
+    @property
+    def trial_count(self) -> int:
+        """Trials the sweep runs: every grid point (and num_samples draws of the rest) for every seed."""
+        grid = math.prod(len(values) for kind, values in self.space.values() if kind == "grid")
+        return grid * self.num_samples * len(self.seeds)
 
 
 def _fail(path, key: str, expected: str, got=None) -> ConfigError:
@@ -348,7 +355,8 @@ def run_sweep(sweep: SweepSpec, resume: bool = False, progress: bool = True):
             tuner = tune.Tuner(trainable, param_space=_param_space(sweep), tune_config=_tune_config(sweep),
                                run_config=tune.RunConfig(
                                    name=sweep.name, storage_path=str(storage), verbose=0,
-                                   callbacks=[sweep_progress(sweep.metric, sweep.mode)] if progress else [],
+                                   callbacks=[sweep_progress(sweep.metric, sweep.mode, sweep.trial_count)]
+                                   if progress else [],
                                    checkpoint_config=tune.CheckpointConfig(num_to_keep=1),
                                    failure_config=tune.FailureConfig(max_failures=0)))
         results = tuner.fit()
@@ -412,9 +420,13 @@ def _close_trial_runs(client, experiment_id: str, parent_run_id: str, status: st
         client.set_terminated(run.info.run_id, status)
 
 
-def sweep_progress(metric: str, mode: str) -> Callback:
-    """A Tune callback printing one line per trial event: trials done/running/pending and the best so far."""
+def sweep_progress(metric: str, mode: str, total: int) -> Callback:
+    """A Tune callback printing one line per finished trial: trials done of `total`, running and failed, the time
+    elapsed and an estimate of the time left, and the best trial so far by its last round's `metric` (what reports
+    read)."""
     from ray import tune
+
+    started = time.monotonic()
 
     class _Progress(tune.Callback):
         def __init__(self):
@@ -423,19 +435,19 @@ def sweep_progress(metric: str, mode: str) -> Callback:
         def _line(self, trials, finished, status: str, event: str) -> None:
             # Tune calls back before it updates the finished trial's status
             states = [status if t is finished else t.status for t in trials]
-            counts = {s: states.count(s) for s in ("TERMINATED", "RUNNING", "PENDING", "ERROR")}
-            best = "" if self.best is None else f"; best {metric} {self.best[0]:.4f} ({self.best[1]})"
-            print(f"sweep: {counts['TERMINATED']} done, {counts['RUNNING']} running, {counts['PENDING']} pending"
-                  + (f", {counts['ERROR']} failed" if counts["ERROR"] else "") + f"{best}  [{event}]", flush=True)
-
-        def on_trial_result(self, iteration, trials, trial, result, **info):
-            value = result.get(metric)
-            if value is not None and not math.isnan(value):
-                better = self.best is None or (value > self.best[0] if mode == "max" else value < self.best[0])
-                if better:
-                    self.best = (value, _describe(trial.config))
+            done, running, failed = (states.count(s) for s in ("TERMINATED", "RUNNING", "ERROR"))
+            elapsed = time.monotonic() - started
+            left = elapsed / (done + failed) * (total - done - failed) if done + failed else None
+            best = "" if self.best is None else f"; best last-round {metric} {self.best[0]:.4f} ({self.best[1]})"
+            print(f"sweep: {done}/{total} trials done, {running} running" + (f", {failed} failed" if failed else "")
+                  + f"; {_minutes(elapsed)} elapsed" + ("" if left is None else f", about {_minutes(left)} left")
+                  + f"{best}  [{event}]", flush=True)
 
         def on_trial_complete(self, iteration, trials, trial, **info):
+            value = (trial.last_result or {}).get(metric)  # the last round's, as reports read it
+            if value is not None and not math.isnan(value):
+                if self.best is None or (value > self.best[0] if mode == "max" else value < self.best[0]):
+                    self.best = (value, _describe(trial.config))
             self._line(trials, trial, "TERMINATED", f"{_describe(trial.config)} finished")
 
         def on_trial_error(self, iteration, trials, trial, **info):
@@ -444,5 +456,9 @@ def sweep_progress(metric: str, mode: str) -> Callback:
     return _Progress()
 
 
+def _minutes(seconds: float) -> str:
+    return f"{int(seconds // 60)}m{int(seconds % 60):02d}s"
+
+
 def _describe(config: dict) -> str:
-    return ", ".join(f"{k.rsplit('.', 1)[-1]}={v}" for k, v in config.items())
+    return ", ".join(f"{k}={v}" for k, v in config.items())
