@@ -486,9 +486,9 @@ def make_report(tracking_uri: str, experiment: str, out_dir: str | Path, metric:
               f"Final = the metric at the last logged round, over {seeds} seed(s); ± is the half-width of the 95 % "
               f"Student-t interval over seeds" + (f"; Δ is the paired difference to {reference} over the same seeds, "
                                                  f"n.s. where its interval contains 0" if reference else "") + "."
-              + (f"\n\n**{seeds} seed(s): these intervals cannot decide anything.** With fewer than {MIN_SEEDS} seeds a "
-                 f"95 % interval is undefined (one seed) or spans about ±12.7 standard deviations (two); run at "
-                 f"least {MIN_SEEDS} (`seeds:` in the space file)." if seeds < MIN_SEEDS else ""))
+              + (f"\n\n**{seeds} seed(s): these intervals cannot decide anything.** With fewer than {MIN_SEEDS} "
+                 f"seeds a 95 % interval is undefined (one seed) or spans about ±12.7 standard deviations (two); "
+                 f"run at least {MIN_SEEDS} (`seeds:` in the space file)." if seeds < MIN_SEEDS else ""))
     files: dict[str, Path] = {}
     summaries = {m: summarise(rows, m, swept, reference) for m in reported}
     columns = ["method", *map(key_label, swept)]
