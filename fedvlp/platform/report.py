@@ -488,7 +488,8 @@ def make_report(tracking_uri: str, experiment: str, out_dir: str | Path, metric:
                                                  f"n.s. where its interval contains 0" if reference else "") + "."
               + (f"\n\n**{seeds} seed(s): these intervals cannot decide anything.** With fewer than {MIN_SEEDS} "
                  f"seeds a 95 % interval is undefined (one seed) or spans about ±9 of the seeds' standard "
-                 f"deviations (two: t = 12.7); run at least {MIN_SEEDS} (`seeds:` in the space file)." if seeds < MIN_SEEDS else ""))
+                 f"deviations (two: t = 12.7); run at least {MIN_SEEDS} (`seeds:` in the space file)."
+                 if seeds < MIN_SEEDS else ""))
     files: dict[str, Path] = {}
     summaries = {m: summarise(rows, m, swept, reference) for m in reported}
     columns = ["method", *map(key_label, swept)]
