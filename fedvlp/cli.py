@@ -318,12 +318,12 @@ def format_table(initial: dict, final: dict, rounds: int) -> str:
     sets, before and after training."""
     from fedvlp.platform.metrics import EVALUATION_SETS
 
-    rows = [f"{'metric':<18} {'split':<9} {'round 0':>9} {f'round {rounds}':>9}", "-" * 48]
+    rows = [f"{'metric':<18} {'split':<12} {'round 0':>9} {f'round {rounds}':>9}", "-" * 51]
     for key in TABLE_KEYS:
         for split in EVALUATION_SETS:
             name = f"{split}_{key}"
             if name in final:
-                rows.append(f"{key:<18} {split:<9} {initial.get(name, float('nan')):>9.4f} {final[name]:>9.4f}")
+                rows.append(f"{key:<18} {split:<12} {initial.get(name, float('nan')):>9.4f} {final[name]:>9.4f}")
     return "\n".join(rows)
 
 
