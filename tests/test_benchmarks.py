@@ -396,3 +396,14 @@ def test_prompt_attention_at_tiny_size(results):
     assert all(len(s) == 2 and all(0 < x < 1 for x in s) for s in shares.values())  # the tiny ViLT's 2 prompted layers
     # 32 accumulated prompts take more of the attention than 16 do, whatever their start
     assert all(s[1] > s[0] for s in shares.values()), shares
+
+
+def test_gpu_check_without_a_gpu_says_so_in_one_line(results, capsys):
+    """benchmarks/gpu_check.py is the one command a GPU machine runs; on a machine without CUDA it does nothing
+    but say so, and exits 0."""
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA device is here: the check itself runs (python benchmarks/gpu_check.py)")
+    assert importlib.import_module("gpu_check").main([]) == 0
+    out = capsys.readouterr().out.strip().splitlines()
+    assert len(out) == 1 and out[0].startswith("gpu_check: no CUDA device")
+    assert not (results / "gpu_check.json").exists()

@@ -48,6 +48,12 @@ def test_promptfl_learns_and_mlflow_holds_the_run(ray_cluster, tracking_uri, tmp
         assert _steps(client, run.info.run_id, metric) == [1, 2, 3]
     for phase in ("data", "backbone", "mlflow", "ray", "actors", "features"):
         assert _steps(client, run.info.run_id, f"startup_{phase}_seconds") == [0]
+    # each worker's peak memory (its process's resident set here; its GPU allocations on a GPU), logged once
+    assert [w["device"] for w in result.workers] == ["cpu"] * spec.resources.workers
+    for i, worker in enumerate(result.workers):
+        assert 100 < worker["host_peak_mib"] < 16_000 and "gpu_peak_mib" not in worker
+        assert _steps(client, run.info.run_id, f"worker{i}_host_peak_mib") == [3]
+        assert run.data.metrics[f"worker{i}_host_peak_mib"] == pytest.approx(worker["host_peak_mib"])
     # 4 clients each send/receive ctx (16x128) + scale + bias in float32 every round
     assert run.data.metrics["bytes_up"] == run.data.metrics["bytes_down"] == 4 * (16 * 128 + 2) * 4
     artifacts = {a.path for a in client.list_artifacts(run.info.run_id)}

@@ -196,6 +196,12 @@ def run_federated(spec, *, progress: bool = True, on_round=None, tags: dict | No
             if on_round is not None:  # the latest metrics every round, so schedulers always see them
                 tracker.flush()  # and the checkpoint on disk (a sweep's trial hands it to Tune)
                 on_round(round_index, {**final, **metrics}, checkpoint)
+        for info, peak in zip(worker_info, wait_all([w.peak_memory.remote() for w in pool.actors],
+                                                       "the workers' peak memory", spec.resources.startup_timeout_s,
+                                                       "resources.startup_timeout_s")):
+            info.update(peak)
+        tracker.log_metrics(spec.federation.rounds, {f"worker{i}_{k}": v for i, info in enumerate(worker_info)
+                                                     for k, v in info.items() if k.endswith("_peak_mib")})
         tracker.log_json({"initial": initial, "final": final, "rounds": spec.federation.rounds}, "final_metrics.json")
         tracker.end("FINISHED")
         finished = True

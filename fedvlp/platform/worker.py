@@ -89,6 +89,18 @@ class ClientWorker:
                 "gpu_ids": [str(g) for g in ray.get_gpu_ids()], "device": str(self.device),
                 "transform": self.backbone.transform_id, "feature_kind": self.method.feature_kind}
 
+    def peak_memory(self) -> dict:
+        """This actor's peak memory so far, in MiB: the device's allocations on a GPU (what
+        `resources.gpus_per_worker` must hold), and the process's resident set on the host."""
+        import resource
+
+        import torch
+
+        peak = {"device": str(self.device), "host_peak_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+        if self.device.type == "cuda":
+            peak["gpu_peak_mib"] = torch.cuda.max_memory_allocated(self.device) / 2**20
+        return peak
+
     @ray.method(num_returns=2)
     def initial_method(self) -> tuple[dict, dict]:
         """What the coordinator and the driver need of the method, from this worker's copy before any training:
