@@ -59,6 +59,11 @@ def _parser() -> argparse.ArgumentParser:
                     "run and one nested run per trial. Exits 1 when any trial failed (--resume retries them).")
     sweep.add_argument("space", help="search space: a shipped name (fedvlp list spaces), e.g. smoke, or a YAML path")
     _add_overrides(sweep, "override a dotted key of the base run config for every trial (repeatable)")
+    sweep.add_argument("--seeds", type=int, nargs="+", help="run these seeds instead of the space's")
+    sweep.add_argument("--methods", nargs="+", help="run only these of the space's methods (its method.name grid or "
+                                                    "its named variants)")
+    sweep.add_argument("--values", action="append", metavar="KEY=V1,V2",
+                       help="sweep KEY over these values instead of the space's grid (repeatable)")
     sweep.add_argument("--resume", action="store_true",
                        help="continue an interrupted sweep: finished trials are kept, unfinished ones resume "
                             "from their last round")
@@ -330,7 +335,16 @@ def format_table(initial: dict, final: dict, rounds: int) -> str:
 def _sweep(args) -> int:
     from fedvlp.platform.sweep import load_sweep, run_sweep
 
-    sweep = load_sweep(args.space, args.overrides)
+    cuts = {"seeds": args.seeds, "methods": args.methods, "grids": args.values}
+    if args.resume and any(v is not None for v in cuts.values()):
+        raise ConfigError("--resume: continues the sweep as it was started; expected no --seeds, --methods or "
+                          "--values with it")
+    sweep = load_sweep(args.space, args.overrides, **cuts)
+    estimate = "" if sweep.minutes_per_trial is None else \
+        f", about {sweep.trial_count * sweep.minutes_per_trial:.0f} min on 2 cores ({sweep.minutes_per_trial:g} " \
+        f"min a trial, as measured)"
+    print(f"sweep {sweep.name}: {sweep.trial_count} trials, {sweep.max_concurrent_trials} at a time{estimate}",
+          flush=True)
     results = run_sweep(sweep, resume=args.resume)
     best = results.get_best_result(metric=sweep.metric, mode=sweep.mode, scope="last") if len(results) else None
     print(f"\nsweep {sweep.name}: {len(results)} trials, {len(results.errors)} failed; MLflow experiment "

@@ -153,6 +153,7 @@ def test_sweep_runs_trials_as_nested_mlflow_runs_and_reports(tmp_path, tracking_
                         set={**SMALL, "tracking.uri": uri, "output_dir": str(tmp_path / "runs")})
     proc = fedvlp_cli(["sweep", str(space), "--report"], cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
+    assert re.search(r"^sweep nested: 4 trials, \d at a time$", proc.stdout, re.M), proc.stdout[:2000]
     assert re.search(r"sweep: 4/4 trials done, 0 running; \d+m\d\ds elapsed, about 0m00s left; best last-round "
                      r"val_mAP 0\.\d{4} \(method\.name=\w+, seed=\d\)", proc.stdout), proc.stdout[-2000:]
     client, parents, trials = _nested_runs(uri, "sweep-nested")
@@ -312,6 +313,30 @@ def test_the_sweep_console_counts_trials_of_the_total_and_labels_the_last_round(
                         r"\[method\.name=promptfl, seed=0 finished\]", lines[0]), lines[0]
     assert lines[1].startswith("sweep: 1/4 trials done, 0 running, 1 failed;") and "FAILED" in lines[1]
     assert load_sweep(write_space(tmp_path, seeds=[0, 1, 2])).trial_count == 6  # 2 methods x 3 seeds
+
+
+def test_a_study_is_cut_down_from_the_command_line():
+    """--seeds, --methods and --values cut a shipped study without copying its file: the participation study's 42
+    trials to 4, its minutes estimated from what a trial took; a cut that names what the space lacks is one line."""
+    whole = load_sweep("participation")
+    assert whole.trial_count == 42 and whole.minutes_per_trial == 0.4
+    cut = load_sweep("participation", seeds=[0], methods=["promptfl", "fedmpt"],
+                     grids=["federation.participation=0.1,1.0"])
+    assert cut.trial_count == 4 and cut.seeds == (0,)
+    assert cut.space["method.name"] == ("grid", ["fedmpt", "promptfl"])  # the space's order
+    assert load_sweep("participation", grids=["federation.participation=0.5"]).space["federation.participation"] \
+        == ("grid", [0.5])
+    variants = load_sweep("fedprime_settings", methods=["fedprime", "fedavg_p"], seeds=[0])
+    assert variants.trial_count == 6 and set(variants.variants) == {"fedprime", "fedavg_p"}
+    with pytest.raises(ConfigError, match=r"--methods: fedprime not in this space; expected some of fedmpt, "):
+        load_sweep("participation", methods=["fedprime"])
+    with pytest.raises(ConfigError, match=r"--values federation\.rounds: not a grid key of this space; expected one "
+                                          r"of federation\.participation, method\.name"):
+        load_sweep("participation", grids=["federation.rounds=1,2"])
+    with pytest.raises(ConfigError, match=r"--values: expected KEY=V1,V2,\.\.\., got 'federation\.participation'"):
+        load_sweep("participation", grids=["federation.participation"])
+    with pytest.raises(ConfigError, match=r"trial .*federation\.participation: expected a value <= 1, got 2"):
+        load_sweep("participation", grids=["federation.participation=2"])
 
 
 def test_named_variants_are_swept_as_one_key(tmp_path):

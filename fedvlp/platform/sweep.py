@@ -49,7 +49,7 @@ if TYPE_CHECKING:
     from ray.tune import Callback
 
 SPACE_KEYS = {"base", "name", "set", "space", "variants", "method_settings", "seeds", "metric", "mode", "scheduler",
-              "num_samples", "max_concurrent_trials", "trial_cpus", "storage", "reference"}
+              "num_samples", "max_concurrent_trials", "trial_cpus", "storage", "reference", "minutes_per_trial"}
 VARIANT_KEY = "variant"
 DISTRIBUTIONS = ("grid", "choice", "uniform", "loguniform")
 PARENT_FILE = "fedvlp_sweep.json"
@@ -72,6 +72,7 @@ class SweepSpec:
     variants: dict[str, dict] = field(default_factory=dict)
     method_settings: dict[str, dict] = field(default_factory=dict)
     reference: str | None = None
+    minutes_per_trial: float | None = None  # measured on 2 cores at the space's concurrency: the estimate's basis
 
     @property
     def experiment(self) -> str:
@@ -105,12 +106,17 @@ def check_selection_metric(metric, where: str) -> str:
     return metric
 
 
-def load_sweep(path: str | Path, overrides: list[str] | None = None) -> SweepSpec:
-    """Read and validate a space file; every grid point is checked as a run config before Ray starts."""
+def load_sweep(path: str | Path, overrides: list[str] | None = None, seeds: list[int] | None = None,
+               methods: list[str] | None = None, grids: list[str] | None = None) -> SweepSpec:
+    """Read and validate a space file; every grid point is checked as a run config before Ray starts.
+
+    A study cut down from the command line: `seeds` replaces the space's seeds, `methods` keeps these of its
+    methods (the `method.name` grid, or the named variants), and each of `grids` ("KEY=V1,V2", `--values`) replaces
+    the grid of a swept KEY."""
     from fedvlp.config import SPACES_DIR, apply_overrides, resolve_file
 
     path = resolve_file(path, SPACES_DIR, "space")
-    raw = read_yaml(path)
+    raw = cut_down(read_yaml(path), seeds, methods, grids)
     for key in raw:
         if key not in SPACE_KEYS:
             raise ConfigError(f"{path}: {key}: unknown key (expected one of: {', '.join(sorted(SPACE_KEYS))})")
@@ -177,6 +183,9 @@ def load_sweep(path: str | Path, overrides: list[str] | None = None) -> SweepSpe
     trial_cpus = raw.get("trial_cpus", 0.25)
     if not isinstance(trial_cpus, (int, float)) or trial_cpus <= 0:
         raise _fail(path, "trial_cpus", "a number > 0", trial_cpus)
+    minutes = raw.get("minutes_per_trial")
+    if minutes is not None and (not isinstance(minutes, (int, float)) or minutes <= 0):
+        raise _fail(path, "minutes_per_trial", "a number > 0 (minutes a trial took on 2 cores)", minutes)
 
     sweep = SweepSpec(path=path, name=str(raw.get("name") or path.stem), base=base, space=space,
                       variants={name: dict(v or {}) for name, v in (variants or {}).items()},
@@ -184,7 +193,7 @@ def load_sweep(path: str | Path, overrides: list[str] | None = None) -> SweepSpe
                       seeds=tuple(seeds), metric=str(raw["metric"]), mode=mode, scheduler=scheduler,
                       num_samples=raw.get("num_samples", 1), max_concurrent_trials=raw.get("max_concurrent_trials", 1),
                       trial_cpus=float(trial_cpus), storage=Path(raw.get("storage", "ray_results")),
-                      reference=reference)
+                      reference=reference, minutes_per_trial=minutes)
     for point in _validation_points(sweep):
         try:
             trial_spec(sweep, point, parent_run_id="validation")
@@ -193,6 +202,38 @@ def load_sweep(path: str | Path, overrides: list[str] | None = None) -> SweepSpe
     # A trial on another node does not see this process's $FEDVLP_PLUGINS: its config names them.
     base["plugins"] = list(trial_spec(sweep, {"seed": sweep.seeds[0]}, "plugins").plugins)
     return sweep
+
+
+def cut_down(raw: dict, seeds: list[int] | None, methods: list[str] | None, grids: list[str] | None) -> dict:
+    """The space file's fields with the command line's cuts (`load_sweep`), each checked in one line."""
+    import yaml
+
+    raw = copy.deepcopy(raw)
+    if seeds is not None:
+        raw["seeds"] = list(seeds)
+    if methods is not None:
+        variants, grid = raw.get("variants"), (raw.get("space") or {}).get("method.name", {}).get("grid")
+        offered = list(variants) if variants else grid
+        if not offered:
+            raise ConfigError("--methods: this space sweeps no method (no variants and no method.name grid)")
+        unknown = [m for m in methods if m not in offered]
+        if unknown:
+            raise ConfigError(f"--methods: {', '.join(unknown)} not in this space; expected some of "
+                              f"{', '.join(map(str, offered))}")
+        if variants:
+            raw["variants"] = {name: v for name, v in variants.items() if name in methods}
+        else:
+            raw["space"]["method.name"] = {"grid": [m for m in grid if m in methods]}
+    for text in grids or []:
+        key, sep, listed = text.partition("=")
+        swept = (raw.get("space") or {}).get(key)
+        if not sep or not listed:
+            raise ConfigError(f"--values: expected KEY=V1,V2,..., got {text!r}")
+        if not isinstance(swept, dict) or "grid" not in swept:
+            raise ConfigError(f"--values {key}: not a grid key of this space; expected one of "
+                              f"{', '.join(k for k, d in (raw.get('space') or {}).items() if 'grid' in d) or 'none'}")
+        raw["space"][key] = {"grid": [yaml.safe_load(v) for v in listed.split(",")]}
+    return raw
 
 
 def _settings_of(value: dict | str, method: str, space_path: Path) -> dict:
