@@ -113,7 +113,8 @@ def test_override_order_and_a_method_switch_that_drops_earlier_keys(capsys):
     assert spec.method.params.prox_mu == 0.01  # the switch dropped it, and says so in one line
     assert capsys.readouterr().err.strip() == (
         "fedvlp: warning: --set method.name=fedprox_p drops fedavg_p's settings method.prompt_length, "
-        "method.prompt_layers, method.lr, method.prompt_attention, method.batch_size, method.local_epochs, "
+        "method.prompt_layers, method.lr, method.prompt_lr, method.prompt_attention, method.batch_size, "
+        "method.local_epochs, "
         "method.prox_mu (fedprox_p's "
         "defaults apply); method.prox_mu came from an earlier --set: give --set method.name first")
     assert load_spec("fedavg_p_recipes", ["method.name=fedprox_p", "method.prox_mu=1"]).method.params.prox_mu == 1
