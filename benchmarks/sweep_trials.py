@@ -51,11 +51,11 @@ def timed_sweep(space: str, reuse: bool) -> tuple[dict, str, str]:
             spans[trial.trial_id].append(time.perf_counter())
 
     # run_sweep installs one callback, its progress line; this one keeps the line and adds the timing
-    class Both(Timing, type(progress(sweep.metric, sweep.mode))):
+    class Both(Timing, type(progress(sweep.metric, sweep.mode, sweep.trial_count))):
         pass
 
     tune_config = sweeps._tune_config
-    sweeps.sweep_progress = lambda metric, mode: Both()
+    sweeps.sweep_progress = lambda metric, mode, total: Both()
     sweeps._tune_config = lambda s: dataclasses.replace(tune_config(s), reuse_actors=reuse)
     try:
         sweeps.run_sweep(sweep)
