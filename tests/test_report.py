@@ -4,6 +4,7 @@ import csv
 import math
 import time
 
+import numpy as np
 import pytest
 from mlflow import MlflowClient
 from mlflow.entities import Metric, Param
@@ -111,6 +112,7 @@ def test_report_tables_plots_and_artifacts(sweep, tracking_uri, tmp_path):
                           "val_mAP_difference_vs_federation.heterogeneity.png",
                           "test_mAP_difference_vs_federation.heterogeneity.png", "index.md"}
     page = files["index.md"].read_text()  # the study's page: every table and plot the report wrote
+    assert "\n# sweep-heterogeneity\n" in page  # headed by the study, not by the folder ("report")
     assert "**2 seed(s): these intervals cannot decide anything.**" in page  # seeds 0 and 1 counted
     assert files["summary.md"].read_text().split("\n\n", 1)[1] in page
     assert all(f"]({name})" in page for name in files if name.endswith(".png"))
@@ -199,6 +201,31 @@ def test_categorical_swept_value_plots_as_categories(tmp_path):
     path = plot_vs_key(curves_vs_key(rows, "val_accuracy", "data.missing_type"), "data.missing_type",
                        "val_accuracy", "categorical", tmp_path / "cat.png")
     assert path.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_plots_keep_one_colour_per_method_and_clip_intervals_to_the_metrics_range(tmp_path, monkeypatch):
+    from matplotlib.colors import to_hex
+
+    from fedvlp.platform import report
+
+    figures = []
+    monkeypatch.setattr(report, "_save", lambda plt, fig, path, legend_title="method": figures.append(fig) or path)
+    wide = np.array([0.9, 0.8])  # a 2-seed t interval this wide runs past 0 and 1 before clipping
+    curves = {"zeroshot": ([0.0, 1.0], np.array([0.7, 0.7]), np.array([0.0, 0.0])),
+              "promptfl": ([0.0, 1.0], np.array([0.3, 0.95]), wide), "myplugin": ([0.0, 1.0], np.array([0.2, 0.5]), wide)}
+    report.plot_vs_round(curves, "val_mAP", "study", tmp_path / "a.png")
+    report.plot_vs_round({"promptfl": curves["promptfl"]}, "val_mAP", "study", tmp_path / "b.png")
+    report.plot_vs_round({"myplugin": curves["myplugin"]}, "val_loss", "study", tmp_path / "c.png")
+    lines = [{ln.get_label(): to_hex(ln.get_color()) for ln in fig.axes[0].get_lines()} for fig in figures]
+    assert lines[0]["promptfl"] == lines[1]["promptfl"] == report.METHOD_COLOURS["promptfl"]  # one colour everywhere
+    assert lines[0]["zeroshot"] == report.METHOD_COLOURS["zeroshot"] and len(set(lines[0].values())) == 3
+    band = figures[0].axes[0].collections[1].get_paths()[0].vertices[:, 1]  # promptfl's band
+    assert band.min() == pytest.approx(0.0) and band.max() == pytest.approx(1.0)  # clipped, not -0.6 .. 1.75
+    loss_band = figures[2].axes[0].collections[0].get_paths()[0].vertices[:, 1]
+    assert loss_band.min() == pytest.approx(-0.7)  # a loss has no range to clip to
+    assert "clipped to the metric's range" in figures[0].axes[0].get_title()
+    assert "clipped" not in figures[2].axes[0].get_title()
+    assert np.allclose(report.clipped_errors([0.95, -0.9], [0.2, 0.3], (-1.0, 1.0)), [[0.2, 0.1], [0.05, 0.3]])
 
 
 def test_missing_experiment_or_parent_is_one_line_error(tracking_uri, tmp_path):
