@@ -15,6 +15,7 @@ HELP = """fedvlp: federated prompt tuning of frozen vision-language models on Ra
   fedvlp run CONFIG --set k=v      any run config (a shipped name such as fedmpt_scenes, or a YAML path)
   fedvlp sweep SPACE               a Ray Tune sweep of whole runs (a shipped name such as smoke, or a path)
   fedvlp tune CONFIG --budget N    tune a method's hyper-parameters on val; writes a config you can run
+  fedvlp submit sweep SPACE        the same as a Ray job on a running cluster (its token, directory, MLflow)
   fedvlp report EXPERIMENT         tables, plots and page (index.md) of a sweep, logged to its MLflow parent run
   fedvlp report --page DIR         rebuild the page of a report folder from its files (no MLflow)
   fedvlp data stats CONFIG         what each client holds, and the heterogeneity figure
@@ -69,6 +70,24 @@ def _parser() -> argparse.ArgumentParser:
                             "from their last round")
     sweep.add_argument("--report", action="store_true",
                        help="write the report (fedvlp report: tables, plots and the page index.md) when done")
+
+    submit = commands.add_parser(
+        "submit", help="run a fedvlp command as a Ray job on a running cluster (token, directory, MLflow carried)",
+        description="Submit `fedvlp COMMAND ...` as a Ray job to a running cluster's job API and follow its logs. "
+                    "It sends the cluster's token (Ray 2.60 heads ask for one): $RAY_AUTH_TOKEN, else "
+                    "$RAY_AUTH_TOKEN_PATH, else ~/.ray/auth_token. The job runs in --results, else in this "
+                    "directory when the head has it (a head on this machine), else in ~/fedvlp-results on the head; "
+                    "its outputs land there (the default store ./mlflow.db, reports/, fedvlp-runs/, ray_results/), "
+                    "so `fedvlp report` run here finds a local head's sweep. $MLFLOW_TRACKING_URI, $HF_HUB_OFFLINE, "
+                    "$FEDVLP_PLUGINS and $FEDVLP_NO_ENTRY_POINTS go with the job when set here. Exits with 0 when "
+                    "the job succeeded.")
+    submit.add_argument("--address", help="the cluster's job API (default $RAY_API_SERVER_ADDRESS, else "
+                                          "http://127.0.0.1:8265: a local head, or `ray dashboard cluster.yaml`)")
+    submit.add_argument("--results", metavar="DIR", help="directory on the head the job runs in and writes to "
+                                                         "(made if need be; ~ is the head's home)")
+    submit.add_argument("--no-wait", action="store_true", help="print the job id and how to follow it, and return")
+    submit.add_argument("fedvlp_command", nargs=argparse.REMAINDER, metavar="COMMAND ...",
+                        help="the fedvlp command and its arguments, e.g. sweep participation --seeds 0 1 2 --report")
 
     tune = commands.add_parser(
         "tune", help="tune a method's hyper-parameters on the val split (Ray Tune + Optuna); writes a config",
@@ -443,6 +462,12 @@ def _pretrain(args) -> None:
           f"code key {entry['code_key']}\nmeasured on the float16 weights: {figures}")
 
 
+def _submit(args: argparse.Namespace) -> int:
+    from fedvlp.platform.submit import submit
+
+    return submit(args.fedvlp_command, address=args.address, results=args.results, wait=not args.no_wait)
+
+
 def one_line(error: FedvlpError) -> str:
     """The error's message on one line. One raised inside a Ray actor arrives wrapped in a
     RayTaskError (an instance of the error's class too) whose text is the remote traceback:
@@ -457,7 +482,7 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
         code = {"run": _run, "sweep": _sweep, "tune": _tune, "report": _report, "data": _data, "pretrain": _pretrain,
-                "list": _list}[args.command](args)
+                "list": _list, "submit": _submit}[args.command](args)
     except FedvlpError as exc:
         print(f"fedvlp: error: {one_line(exc)}", file=sys.stderr)
         return 2

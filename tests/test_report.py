@@ -212,7 +212,8 @@ def test_plots_keep_one_colour_per_method_and_clip_intervals_to_the_metrics_rang
     monkeypatch.setattr(report, "_save", lambda plt, fig, path, legend_title="method": figures.append(fig) or path)
     wide = np.array([0.9, 0.8])  # a 2-seed t interval this wide runs past 0 and 1 before clipping
     curves = {"zeroshot": ([0.0, 1.0], np.array([0.7, 0.7]), np.array([0.0, 0.0])),
-              "promptfl": ([0.0, 1.0], np.array([0.3, 0.95]), wide), "myplugin": ([0.0, 1.0], np.array([0.2, 0.5]), wide)}
+              "promptfl": ([0.0, 1.0], np.array([0.3, 0.95]), wide),
+              "myplugin": ([0.0, 1.0], np.array([0.2, 0.5]), wide)}
     report.plot_vs_round(curves, "val_mAP", "study", tmp_path / "a.png")
     report.plot_vs_round({"promptfl": curves["promptfl"]}, "val_mAP", "study", tmp_path / "b.png")
     report.plot_vs_round({"myplugin": curves["myplugin"]}, "val_loss", "study", tmp_path / "c.png")

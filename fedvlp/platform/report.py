@@ -754,12 +754,13 @@ def _is_plot(path: Path) -> bool:
     return path.suffix.lower() == ".png"
 
 
-def _about(folder: Path) -> tuple[str, list[str]]:
-    """(the folder's title: about.md's heading, else the study's name that heads its summary table, else the
-    folder's name; about.md's text without it, if any)."""
+def _about(folder: Path, page: bool = False) -> tuple[str, list[str]]:
+    """(the folder's title: about.md's heading, else, for the page's own folder, the study's name that heads its
+    summary table, else the folder's name, which names a subfolder's part of the study; about.md's text without
+    it, if any)."""
     about, summary = folder / ABOUT, folder / FIRST_TABLES[0]
     title, text = _split_title(about.read_text()) if about.is_file() else (None, "")
-    study = _split_title(summary.read_text())[0] if summary.is_file() else None
+    study = _split_title(summary.read_text())[0] if page and summary.is_file() else None
     return title or study or folder.resolve().name, [text] if text else []
 
 
@@ -800,7 +801,7 @@ def write_study_page(folder: str | Path) -> Path:
     if not folder.is_dir():
         raise FedvlpError(f"{folder} is not a folder; expected a report folder holding summary.md, by_method.md and "
                           f"plots (fedvlp report --out)")
-    title, about = _about(folder)
+    title, about = _about(folder, page=True)
     page = folder / PAGE
     page.write_text("\n\n".join([GENERATED, f"# {title}", *about, *_sections(folder, "", 2)]) + "\n")
     return page
