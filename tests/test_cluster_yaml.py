@@ -141,8 +141,8 @@ def test_dashboard_and_mlflow_bind_to_localhost_only():
 def test_jobs_get_the_tracking_uri():
     config = load()
     uri = "MLFLOW_TRACKING_URI=http://127.0.0.1:5000"
-    assert any(uri in c for c in config["head_setup_commands"])
-    assert '"MLFLOW_TRACKING_URI": "http://127.0.0.1:5000"' in TEXT  # the --runtime-env-json way
+    assert any(uri in c for c in config["head_setup_commands"])  # the job driver, started on the head, inherits it
+    assert "unless your shell sets MLFLOW_TRACKING_URI" in TEXT  # which `fedvlp submit` carries
 
 
 def test_workers_join_the_head():
@@ -161,8 +161,8 @@ def test_setup_installs_fedvlp_from_the_mounted_repo():
 def test_header_walks_through_the_whole_path():
     header = TEXT.split("\ncluster_name:")[0]
     for step in ("ray up cluster.yaml", "ray dashboard cluster.yaml",
-                 "ray job submit --address http://127.0.0.1:8265 -- fedvlp sweep "
-                 "~/fedvlp/tune_spaces/heterogeneity.yaml",
+                 "ray exec cluster.yaml 'ray get-auth-token'", "fedvlp submit sweep heterogeneity --report",
+                 "~/fedvlp-results",
                  "ray attach cluster.yaml -p 5000", "-L 5000:127.0.0.1:5000", "ray down cluster.yaml",
                  "Trust model", "SSH"):
         assert step in header, step

@@ -106,10 +106,13 @@ def test_rerun_and_other_file_order_give_the_same_bytes(study, tmp_path, monkeyp
     assert write_study_page(study).read_bytes() == first
 
 
-def test_without_about_the_folder_names_the_page(study):
+def test_without_about_the_study_names_the_page_and_the_folder_its_parts(study):
     (study / "about.md").unlink()
     page = write_study_page(study).read_text()
-    assert page.startswith(GENERATED + "\n\n# heterogeneity\n\n## Summary: sweep-heterogeneity\n\n")
+    assert page.startswith(GENERATED + "\n\n# sweep-heterogeneity\n\n## Summary: sweep-heterogeneity\n\n")
+    assert "\n## hallucination_gap\n" in page  # a subfolder's section: its own name, not the study's again
+    (study / "summary.md").rename(study / "kept.md")
+    assert write_study_page(study).read_text().startswith(GENERATED + "\n\n# heterogeneity\n")
     shutil.rmtree(study / "hallucination_gap")
     assert "hallucination_gap" not in write_study_page(study).read_text()
 
