@@ -1,6 +1,8 @@
-"""Warm pools on a running cluster (`ray start --head`, then `fedvlp run` with RAY_ADDRESS): the second run of a
-shape borrows the first one's actors and ends with the same metrics; a run of another shape makes an idle pool give
-way; an idle pool ends after `resources.keep_warm_s`; an interrupted run leaves no pool behind."""
+"""Warm pools on a running cluster (`ray start --head`, then `fedvlp run` with RAY_ADDRESS), each claim of
+docs/cluster.md: the second run of a shape borrows the first one's actors and ends with the same metrics; a run of
+another shape makes an idle pool give way; an idle pool ends after `resources.keep_warm_s`; an interrupted or failed
+run leaves no pool behind; the keeper holds no CPU; a pool is lent to one live run at a time, and the next borrower
+removes the pool of a driver that died."""
 import dataclasses
 import os
 import signal
@@ -120,3 +122,67 @@ def test_an_interrupted_warm_run_leaves_no_pool_behind(head, tmp_path, tracking_
     assert proc.returncode == 130, out[-3000:]
     assert _runs(tracking_uri)[-1].info.status == "KILLED"
     assert not _placement_groups(head)  # its actors may be mid-round: never lent again
+
+
+def _cpus(env) -> dict[str, float]:
+    """The cluster's CPUs: in all, free, and reserved by live placement groups (the pools')."""
+    code = ("import ray, time; ray.init(logging_level='ERROR', log_to_driver=False); time.sleep(2); "
+            "pgs = [v for v in ray.util.placement_group_table().values() if v['state'] != 'REMOVED']; "
+            "print({'total': ray.cluster_resources()['CPU'], 'free': ray.available_resources().get('CPU', 0.0), "
+            "'pools': sum(b.get('CPU', 0.0) for v in pgs for b in v['bundles'].values())})")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                         text=True, check=True, timeout=CLI_TIMEOUT_S).stdout
+    return eval(out.strip().splitlines()[-1])
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("tiny_clip")
+def test_the_keeper_holds_no_cpu_and_a_failed_warm_run_removes_its_pool(head, tmp_path, tracking_uri):
+    env = {**head, "MLFLOW_TRACKING_URI": tracking_uri}
+    done = _run(env, tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert len(_placement_groups(head)) == 1  # the pool, kept
+    cpus = _cpus(head)  # the pool's keeper is alive, and lends the pool; it never takes a CPU from the runs
+    assert cpus["pools"] == 1.25 and cpus["free"] == cpus["total"] - cpus["pools"], cpus  # 1 worker + coordinator
+
+    # every update arrives after a 1 µs deadline: round 1 fails with the pool borrowed, its actors maybe mid-round
+    failed = _run(env, tmp_path, "federation.round_deadline_s=0.000001")
+    assert failed.returncode != 0 and "min_clients_per_round" in failed.stderr, failed.stderr[-3000:]
+    run = _runs(tracking_uri)[-1]
+    assert (run.info.status, run.data.tags["actors"]) == ("FAILED", "warm")
+    assert not _placement_groups(head)  # never lent again
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("tiny_clip")
+def test_a_pool_is_lent_to_one_live_run_and_a_dead_borrowers_pool_is_removed(head, tmp_path, tracking_uri):
+    env = {**head, "MLFLOW_TRACKING_URI": tracking_uri, "PYTHONUNBUFFERED": "1"}
+    shape = ["resources.num_cpus=0.25", "resources.coordinator_cpus=0.25"]  # two runs fit the head's 2 CPUs
+    assert _run(env, tmp_path, *shape).returncode == 0
+    (first_pool,) = _placement_groups(head)
+
+    log = tmp_path / "long.log"
+    with open(log, "w") as out:  # a file, not a pipe: the long run never blocks on a reader that stopped reading
+        long = subprocess.Popen([sys.executable, "-m", "fedvlp", "run", *(f"--set={o}" for o in [*SMALL, *shape]),
+                                 "--set=federation.rounds=1000", f"--set=output_dir={tmp_path / 'runs'}"],
+                                cwd=tmp_path, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        deadline = time.monotonic() + CLI_TIMEOUT_S
+        while "round 1/1000" not in log.read_text():
+            assert long.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
+            time.sleep(0.5)
+        assert _runs(tracking_uri)[-1].data.tags["actors"] == "warm"  # the long run holds the pool
+
+        beside = _run(env, tmp_path, *shape)  # the same shape while the pool is lent: actors of its own
+        assert beside.returncode == 0, beside.stderr[-3000:]
+        assert _runs(tracking_uri)[-1].data.tags["actors"] == "new"
+        assert set(_placement_groups(head)) == {first_pool}  # its own actors ended with it; the pool stays lent
+    finally:
+        os.killpg(long.pid, signal.SIGKILL)  # the borrower's driver dies mid-run
+        long.wait(timeout=60)
+
+    after = _run(env, tmp_path, *shape)  # the next borrower finds the holder dead: removes the pool, starts anew
+    assert after.returncode == 0, after.stderr[-3000:]
+    assert _runs(tracking_uri)[-1].data.tags["actors"] == "new"
+    pools = _placement_groups(head)
+    assert len(pools) == 1 and first_pool not in pools  # the dead borrower's actors are gone, the new pool kept
