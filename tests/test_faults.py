@@ -4,6 +4,7 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -61,6 +62,18 @@ def test_a_worker_killed_mid_round_is_replaced_and_the_retried_run_matches_a_fau
     assert "died" in run.data.tags["failure.round2.client0"]
     assert run.data.metrics["failed_clients"] == second["failed_clients"]
     assert "round 2: client 0 failed: worker 0 died" in capfd.readouterr().err
+
+
+def test_a_client_failing_past_client_retries_is_dropped(ray_cluster, tracking_uri, tmp_path, capfd):
+    """on_client_failure=retry with client_retries=0: the first failure is already past the limit."""
+    spec = small_run(tracking_uri, tmp_path, *FOUR_CLIENTS, "federation.on_client_failure=retry",
+                     "federation.client_retries=0")
+    result = run_federated(spec, progress=False, on_round=fault_in_round(2, 1, 3, "raise"))
+    second = result.history[1]
+    assert (second["clients"], second["failed_clients"]) == (3, 1)  # aggregated without client 3
+    assert "round 2: client 3 failed: RuntimeError: injected fault in client 3, round 2; dropped" in \
+        capfd.readouterr().err
+    assert MlflowClient(tracking_uri).get_run(result.run_id).info.status == "FINISHED"
 
 
 def test_a_client_that_raises_is_dropped_and_its_cause_logged(ray_cluster, tracking_uri, tmp_path, capfd):
@@ -214,6 +227,57 @@ def test_a_killed_fedotp_driver_resumes_bitwise_in_the_same_mlflow_run(tmp_path,
     history = {m.step: m.value for m in client.get_metric_history(killed.info.run_id, "val_mAP")}
     assert history == {m.step: m.value for m in client.get_metric_history(whole.run_id, "val_mAP")}
     assert sorted(history) == [0, 1, 2, 3]
+
+
+# The driver is killed after round 2's metrics are in MLflow but before its checkpoint is on disk: at round 1 it keeps
+# a copy of the checkpoint, and at round 2 (metrics logged, checkpoint written) it puts round 1's back and kills its
+# group, which is what the disk holds when a kill lands between the two. Argv: the run config's --set overrides.
+KILLED_BETWEEN_LOGGING_AND_CHECKPOINT = [
+    sys.executable, "-c", "import os, shutil, signal, sys; from fedvlp.config import load_spec; "
+    "from fedvlp.platform.engine import run_federated\n"
+    "def on_round(r, metrics, checkpoint):\n"
+    "    if r == 1: shutil.copy(checkpoint, str(checkpoint) + '.round1')\n"
+    "    if r == 2: os.replace(str(checkpoint) + '.round1', checkpoint); os.killpg(0, signal.SIGKILL)\n"
+    "run_federated(load_spec(None, sys.argv[1:]), on_round=on_round)"]
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("ray_cluster", "tiny_clip")
+def test_a_round_logged_but_not_checkpointed_is_trained_again_on_resume_with_two_workers(tmp_path, tracking_uri):
+    """PromptFL on 2 workers (not FedOTP's one): killed between round 2's MLflow logging and its checkpoint,
+    --resume trains round 2 again, with the same result, and ends bitwise equal to an uninterrupted run."""
+    env = {**os.environ, "MLFLOW_TRACKING_URI": tracking_uri, "PYTHONUNBUFFERED": "1"}
+    overrides = ["data.num_train=600", "data.num_val=128", "data.num_test=128", "data.num_holdout=100",
+                 "federation.clients=4", "federation.rounds=3", "method.local_epochs=1", "resources.workers=2",
+                 "resources.num_cpus=0.5", f"output_dir={tmp_path / 'runs'}"]
+    first = subprocess.Popen([*KILLED_BETWEEN_LOGGING_AND_CHECKPOINT, *overrides], cwd=tmp_path, env=env, text=True,
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+    out, _ = first.communicate(timeout=CLI_TIMEOUT_S)
+    assert first.returncode == -signal.SIGKILL, out[-3000:]
+    client = MlflowClient(tracking_uri)
+    (killed,) = client.search_runs([e.experiment_id for e in client.search_experiments()])
+    run_id = killed.info.run_id
+    assert max(m.step for m in client.get_metric_history(run_id, "val_mAP")) == 2  # round 2 is in MLflow ...
+    assert torch.load(tmp_path / "runs" / run_id / "checkpoint.pt", weights_only=True)["round"] == 1  # ... not on disk
+    time.sleep(2)
+
+    resumed = _fedvlp(tmp_path, env, "run", "--resume", run_id)
+    out, _ = resumed.communicate(timeout=CLI_TIMEOUT_S)
+    assert resumed.returncode == 0, out[-3000:]
+    assert "resuming after round 1" in out
+    whole = run_federated(small_run(tracking_uri, tmp_path, *overrides), progress=False)
+
+    assert client.get_run(run_id).info.status == "FINISHED"
+    resumed_state = torch.load(tmp_path / "runs" / run_id / "checkpoint.pt", weights_only=True)
+    whole_state = torch.load(tmp_path / "runs" / whole.run_id / "checkpoint.pt", weights_only=True)
+    assert resumed_state["round"] == whole_state["round"] == 3 and resumed_state["final"] == whole_state["final"]
+    assert all(torch.equal(resumed_state["global"][k], whole_state["global"][k]) for k in whole_state["global"])
+    for metric in ("val_mAP", "train_loss"):
+        logged: dict[int, set[float]] = {}
+        for m in client.get_metric_history(run_id, metric):
+            logged.setdefault(m.step, set()).add(m.value)
+        # round 2 was logged twice, with the same value; every round as in the uninterrupted run
+        assert logged == {m.step: {m.value} for m in client.get_metric_history(whole.run_id, metric)}, metric
 
 
 @pytest.mark.slow
