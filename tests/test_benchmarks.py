@@ -407,3 +407,18 @@ def test_gpu_check_at_tiny_size(results, capsys):
     out = capsys.readouterr().out.strip().splitlines()
     assert len(out) == 1 and out[0].startswith("gpu_check: no CUDA device")
     assert not (results / "gpu_check.json").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("ray_cluster", "tiny_clip")
+def test_chaos_soak_at_tiny_size(results, capsys):
+    """Every planned fault lands, and the soaked run still ends as the clean one, bitwise, each MLflow step once
+    (with hung clients dropped instead of retried, its final state would differ)."""
+    r = tiny_run("chaos_soak", results)
+    assert r["injected"] == {"kill": 3, "raise": 3, "hang": 1, "driver": 1}
+    assert r["failed_updates"] >= 7 and r["replaced_workers"] >= 4  # 3 killed workers and the hung one
+    assert r["status"] == "FINISHED" and r["finished_rounds"] == r["rounds"] == 16
+    assert r["final_equal"] and r["global_state_equal"] and r["history_equal"] and r["history_steps_once"]
+    assert r["rounds_lost"] == 0  # killed after a checkpoint: nothing to train again
+    (line,) = [line for line in capsys.readouterr().out.splitlines() if line.startswith("chaos soak:")]
+    assert "8 faults injected" in line and " survived" in line

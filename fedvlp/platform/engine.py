@@ -334,10 +334,10 @@ def _collect_updates(spec, round_index: int, cohort: list[int], coordinator, poo
     """Run the cohort's local updates, one task per client on the worker `pool.place` gives it.
 
     Returns (the update refs that arrived, in client order; failures as (client, cause); late
-    clients; workers replaced). A failed update (its worker died, it raised) is dropped or
-    retried per `federation.on_client_failure`; a dead worker is replaced first. Updates still
-    out at the wall-clock `round_deadline_s` are late and left out; at `round_timeout_s` they are
-    hung: dropped, and their workers replaced.
+    clients; workers replaced). A failed update (its worker died, it raised, or it was still out at
+    `round_timeout_s`: hung) is dropped or retried per `federation.on_client_failure`; a dead or hung
+    worker is replaced first, and a retried update gets a timeout of its own. Updates still out at the
+    wall-clock `round_deadline_s` are late and left out.
     """
     federation = spec.federation
     state_ref = coordinator.global_state.remote()  # put once; every worker resolves the same ref
@@ -360,11 +360,36 @@ def _collect_updates(spec, round_index: int, cohort: list[int], coordinator, poo
 
     for cid in cohort:
         submit(cid)
-    arrived, failures, late, replaced = {}, [], [], 0
+    arrived: dict[int, Any] = {}
+    failures: list[tuple[int, str]] = []
+    late: list[int] = []
+    replaced = 0
+
+    def failed(cid: int, cause: str) -> bool:
+        """Say so and count it; True if the client is to be retried."""
+        retry = federation.on_client_failure == "retry" and attempts[cid] < federation.client_retries
+        _warn(f"fedvlp: round {round_index}: client {cid} failed: {cause}; " + ("retrying" if retry else "dropped"))
+        failures.append((cid, cause))
+        attempts[cid] += retry
+        return retry
+
     while pending:
         done, _ = ray.wait(list(pending), num_returns=1, timeout=max(0.0, (deadline or give_up) - time.time()))
         if not done:
-            break
+            if deadline is not None and deadline < give_up:  # the deadline passed first: late, the workers go on
+                late += [cid for cid, _, _ in pending.values()]
+                break
+            hung = list(pending.values())
+            pending.clear()
+            cause = f"no update within resources.round_timeout_s={spec.resources.round_timeout_s:g} s"
+            retried = [cid for cid, _, _ in hung if failed(cid, cause)]
+            if retried or len(arrived) >= federation.min_clients_per_round:  # else the round fails: no use replacing
+                for cid, _, actor in hung:
+                    replaced += pool.replace(placed[cid], actor)
+            give_up = time.time() + spec.resources.round_timeout_s  # the retried updates' own timeout
+            for cid in retried:
+                submit(cid)
+            continue
         cid, update, actor = pending.pop(done[0])
         try:
             if ray.get(done[0])["late"]:
@@ -377,22 +402,8 @@ def _collect_updates(spec, round_index: int, cohort: list[int], coordinator, poo
             replaced += pool.replace(placed[cid], actor)
         except ray.exceptions.RayError as exc:
             cause = _first_line(getattr(exc, "cause", None) or exc)
-        retry = federation.on_client_failure == "retry" and attempts[cid] < federation.client_retries
-        _warn(f"fedvlp: round {round_index}: client {cid} failed: {cause}; " + ("retrying" if retry else "dropped"))
-        failures.append((cid, cause))
-        if retry:
-            attempts[cid] += 1
+        if failed(cid, cause):
             submit(cid)
-    hung = deadline is None or deadline >= give_up  # the wait above ended at the round timeout, not the deadline
-    for cid, _, actor in pending.values():
-        if not hung:  # the deadline passed first: late, and the worker goes on
-            late.append(cid)
-            continue
-        cause = f"no update within resources.round_timeout_s={spec.resources.round_timeout_s:g} s"
-        _warn(f"fedvlp: round {round_index}: client {cid} failed: {cause}; dropped")
-        failures.append((cid, cause))
-        if len(arrived) >= federation.min_clients_per_round:  # else the round fails: no use replacing
-            replaced += pool.replace(placed[cid], actor)
     return [arrived[cid] for cid in sorted(arrived)], failures, late, replaced
 
 
