@@ -66,13 +66,18 @@ def _runs(uri: str) -> list:
     return client.search_runs([e.experiment_id for e in client.search_experiments()], order_by=["start_time ASC"])
 
 
-def _placement_groups(env) -> dict[str, str]:
-    """The cluster's placement groups that hold resources: id -> state."""
-    code = ("import ray; ray.init(logging_level='ERROR', log_to_driver=False); "
-            "print({k: v['state'] for k, v in ray.util.placement_group_table().items() if v['state'] != 'REMOVED'})")
+def _ask_the_head(env, expression: str):
+    """`expression`'s value, evaluated in a driver attached to the head (a fresh process: what a user would see)."""
+    code = f"import ray, time; ray.init(logging_level='ERROR', log_to_driver=False); print({expression})"
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
                          text=True, check=True, timeout=CLI_TIMEOUT_S).stdout
     return eval(out.strip().splitlines()[-1])
+
+
+def _placement_groups(env) -> dict[str, str]:
+    """The cluster's placement groups that hold resources: id -> state."""
+    return _ask_the_head(env, "{k: v['state'] for k, v in ray.util.placement_group_table().items() "
+                              "if v['state'] != 'REMOVED'}")
 
 
 @pytest.mark.slow
@@ -125,14 +130,12 @@ def test_an_interrupted_warm_run_leaves_no_pool_behind(head, tmp_path, tracking_
 
 
 def _cpus(env) -> dict[str, float]:
-    """The cluster's CPUs: in all, free, and reserved by live placement groups (the pools')."""
-    code = ("import ray, time; ray.init(logging_level='ERROR', log_to_driver=False); time.sleep(2); "
-            "pgs = [v for v in ray.util.placement_group_table().values() if v['state'] != 'REMOVED']; "
-            "print({'total': ray.cluster_resources()['CPU'], 'free': ray.available_resources().get('CPU', 0.0), "
-            "'pools': sum(b.get('CPU', 0.0) for v in pgs for b in v['bundles'].values())})")
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
-                         text=True, check=True, timeout=CLI_TIMEOUT_S).stdout
-    return eval(out.strip().splitlines()[-1])
+    """The cluster's CPUs: in all, free, and reserved by live placement groups (the pools'); read after 2 s, once
+    the attaching driver's view of the resources has settled."""
+    return _ask_the_head(env, "(time.sleep(2), {'total': ray.cluster_resources()['CPU'], "
+                              "'free': ray.available_resources().get('CPU', 0.0), "
+                              "'pools': sum(b.get('CPU', 0.0) for v in ray.util.placement_group_table().values() "
+                              "if v['state'] != 'REMOVED' for b in v['bundles'].values())})[1]")
 
 
 @pytest.mark.slow
