@@ -66,7 +66,7 @@ def int_range(low: int, high: int) -> TuneRange:
 # space for each (equal budgets mean little over unequal ranges). The CLIP family mixes Adam and SGD, so its
 # learning rates span four decades.
 CLIP_LR_RANGE = TuneRange("loguniform", 3e-4, 3.0)
-CLIP_EPOCHS_RANGE = TuneRange("int", 1, 8)
+CLIP_EPOCHS_RANGE = TuneRange("int", 1, 16)
 VILT_LR_RANGE = TuneRange("loguniform", 3e-3, 0.5)
 VILT_EPOCHS_RANGE = TuneRange("int", 1, 5)
 # The ViLT prompt methods' own prompt learning rate (method.prompt_lr): the head's range and a decade above it.

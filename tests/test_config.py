@@ -139,7 +139,7 @@ def test_list_keys_names_every_key_with_its_meaning():
     from fedvlp.config import describe_keys
 
     keys = {key: (kind, value, meaning) for key, kind, value, meaning in describe_keys(load_spec(None))}
-    assert keys["method.lr"] == ("a number", 0.1014, "Adam learning rate [tuned: loguniform [0.0003, 3]]")
+    assert keys["method.lr"] == ("a number", 0.2787, "Adam learning rate [tuned: loguniform [0.0003, 3]]")
     assert keys["federation.heterogeneity"][1] == 0.5 and keys["resources.num_gpus"][0] == "a number"
     assert all(meaning for _, _, meaning in keys.values())
 
