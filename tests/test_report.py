@@ -227,6 +227,17 @@ def test_plots_keep_one_colour_per_method_and_clip_intervals_to_the_metrics_rang
     assert "clipped to the metric's range" in figures[0].axes[0].get_title()
     assert "clipped" not in figures[2].axes[0].get_title()
     assert np.allclose(report.clipped_errors([0.95, -0.9], [0.2, 0.3], (-1.0, 1.0)), [[0.2, 0.1], [0.05, 0.3]])
+    # a gap between two scores is signed: its interval is clipped to [-1, 1], never to a score's [0, 1]
+    assert report.score_bounds("shift_hallucination_gap") == (-1.0, 1.0)
+    assert report.score_bounds("shift_hallucination_gap", difference=True) == (-2.0, 2.0)
+    assert report.score_bounds("val_mAP", difference=True) == (-1.0, 1.0)
+    assert report.metric_label("shift_hallucination_gap", unit=True) == "shift hallucination gap (-1–1)"
+    assert report.metric_label("val_mAP", unit=True) == "val mAP (0–1)"
+    assert report.metric_label("val_loss", unit=True) == "val loss"
+    report.plot_vs_round({"promptfl": ([0.0, 1.0], np.array([-0.03, -0.02]), np.array([0.01, 0.01]))},
+                         "shift_hallucination_gap", "study", tmp_path / "d.png")
+    gap_band = figures[3].axes[0].collections[0].get_paths()[0].vertices[:, 1]
+    assert gap_band.min() == pytest.approx(-0.04)  # drawn as computed, below 0
 
 
 def test_missing_experiment_or_parent_is_one_line_error(tracking_uri, tmp_path):

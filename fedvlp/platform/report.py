@@ -48,10 +48,11 @@ def key_label(key: str) -> str:
 
 
 def metric_label(metric: str, unit: bool = False) -> str:
-    # Every fedvlp score is a fraction in [0, 1], not a percentage.
+    # Every fedvlp score is a fraction (in [0, 1], or [-1, 1] for a gap between two), not a percentage.
     split, name = split_metric(metric)
     text = f"{split.replace('_', ' ')} {name.replace('_', ' ')}" if split else metric.replace("_", " ")
-    return text + (" (0–1)" if unit else "")
+    bounds = score_bounds(metric) if unit else None
+    return text + (f" ({bounds[0]:g}–{bounds[1]:g})" if bounds else "")
 
 
 def test_metric_of(metric: str) -> str:
@@ -315,12 +316,18 @@ def method_colours(labels) -> dict[str, str]:
     return {m: METHOD_COLOURS.get(m) or next(free, "#000000") for m in labels}
 
 
+SIGNED_SCORES = {"hallucination_gap"}  # a difference of two mean scores, so in [-1, 1]
+
+
 def score_bounds(metric: str, difference: bool = False) -> tuple[float, float] | None:
-    """The range a metric's value cannot leave: a score lies in [0, 1] and a difference of two in [-1, 1]; a loss
-    has no upper bound (None: its intervals are drawn as computed)."""
-    if "loss" in split_metric(metric)[1]:
+    """The range a metric's value cannot leave: a score lies in [0, 1], a signed score (a gap between two scores)
+    in [-1, 1], and a difference of two values in the range's width either side of 0; a loss has no upper bound
+    (None: its intervals are drawn as computed)."""
+    name = split_metric(metric)[1]
+    if "loss" in name:
         return None
-    return (-1.0, 1.0) if difference else (0.0, 1.0)
+    low, high = (-1.0, 1.0) if name in SIGNED_SCORES else (0.0, 1.0)
+    return (low - high, high - low) if difference else (low, high)
 
 
 def clipped_errors(mean, half, bounds: tuple[float, float] | None) -> np.ndarray:
