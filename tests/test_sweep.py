@@ -284,7 +284,8 @@ def test_tpe_starts_on_half_the_budget_and_a_winner_at_a_range_edge_is_named():
 
     assert [random_trials(b) for b in (1, 2, 12, 13)] == [1, 1, 6, 6]  # at most half, at least one
     ranges = {"method.local_epochs": CLIP_EPOCHS_RANGE, "method.lr": CLIP_LR_RANGE, "method.x": choices("a", "b")}
-    assert range_edges({"method.local_epochs": 8, "method.lr": 0.03, "method.x": "a"}, ranges) == {
+    top = int(CLIP_EPOCHS_RANGE.high)
+    assert range_edges({"method.local_epochs": top, "method.lr": 0.03, "method.x": "a"}, ranges) == {
         "method.local_epochs": "high"}
     assert range_edges({"method.local_epochs": 1, "method.lr": 2.5}, ranges) == {"method.local_epochs": "low",
                                                                               "method.lr": "high"}
