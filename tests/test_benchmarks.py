@@ -334,7 +334,8 @@ def test_overhead_at_tiny_size(results):
     warm, cold = (w["arms"][arm]["median_round_cpu_s"] for arm in ("fedvlp_warm", "fedvlp"))
     assert w["arms"]["fedvlp_warm"]["cpu_counts_cluster"] and 0.5 * cold < warm < 2 * cold, (warm, cold)
     assert {"fedvlp/bare", "fedvlp_warm/bare"} <= set(w["ratios"])
-    assert all(len(w["ratios"][pair]["total_per_repeat"]) == r["repeats"] for pair in ("fedvlp/bare", "fedvlp_warm/bare"))
+    assert all(len(w["ratios"][pair]["total_per_repeat"]) == r["repeats"]
+               for pair in ("fedvlp/bare", "fedvlp_warm/bare"))
     assert all(gap < 1e-3 for gap in w["work"]["max_metric_gap_to_fedvlp"].values())  # Flower: numpy's FedAvg
     rendered("overhead", r)
 

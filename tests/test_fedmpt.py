@@ -166,12 +166,16 @@ def test_fedmpt_configs_hide_labels_as_its_code_does(config, tmp_path):
     assert load_spec(config, [f"data.root={tmp_path}"]).data.mask_as == "negative"
 
 
-def test_the_label_mask_study_sweeps_both_readings_of_a_hidden_label():
+def test_the_label_mask_studies_read_a_hidden_label_both_ways():
+    """FedMPT's code reads a hidden label as negative (label_mask), DualCoOp's as unknown (label_mask_unknown); the
+    two studies differ in nothing else."""
     from fedvlp.platform.sweep import load_sweep
 
-    sweep = load_sweep("label_mask")
-    assert sweep.space["data.mask_as"] == ("grid", ["unknown", "negative"])
-    assert sweep.space["data.label_mask"] == ("grid", [0.1, 0.9]) and "fedmpt" in sweep.space["method.name"][1]
+    negative, unknown = load_sweep("label_mask"), load_sweep("label_mask_unknown")
+    assert (negative.base["data"].pop("mask_as"), unknown.base["data"].pop("mask_as")) == ("negative", "unknown")
+    assert negative.base == unknown.base and negative.space == unknown.space
+    assert negative.seeds == unknown.seeds == (0, 1, 2, 3, 4)
+    assert negative.space["data.label_mask"] == ("grid", [0.1, 0.9]) and "fedmpt" in negative.space["method.name"][1]
 
 
 @pytest.mark.parametrize("method", ["dualcoop", "fedotp", "fedtpg", "promptfl", "zeroshot"])

@@ -317,10 +317,10 @@ def test_the_sweep_console_counts_trials_of_the_total_and_labels_the_last_round(
 
 
 def test_a_study_is_cut_down_from_the_command_line():
-    """--seeds, --methods and --values cut a shipped study without copying its file: the participation study's 42
+    """--seeds, --methods and --values cut a shipped study without copying its file: the participation study's 70
     trials to 4, its minutes estimated from what a trial took; a cut that names what the space lacks is one line."""
     whole = load_sweep("participation")
-    assert whole.trial_count == 42 and whole.minutes_per_trial == 0.4
+    assert whole.trial_count == 70 and whole.minutes_per_trial == 0.66
     cut = load_sweep("participation", seeds=[0], methods=["promptfl", "fedmpt"],
                      grids=["federation.participation=0.1,1.0"])
     assert cut.trial_count == 4 and cut.seeds == (0,)
