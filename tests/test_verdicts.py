@@ -82,5 +82,6 @@ def test_a_failing_diagnostic_and_only_that_makes_a_finding_untestable_here():
     # both diagnostics the pooled Centralized-P measures fail; a baseline that cannot lose (zero-shot) is read as
     # not reproduced, first as FedMPT's code hides labels
     assert rows["FED-PRIME (b)"][0].startswith("**untestable here**: heterogeneity penalty and prompt headroom fail")
-    assert rows["FedMPT (d)"][0].startswith("hidden read as negatives (FedMPT's code): **not reproduced** against "
-                                            "zero-shot;")
+    assert rows["FedMPT (d)"][0].startswith("hidden read as negatives (FedMPT's code; 5 seeds): **reproduced** "
+                                            "against DualCoOp and FedOTP")
+    assert "**not reproduced** against FedLoRA, PromptFL, FedTPG and zero-shot" in rows["FedMPT (d)"][0]
