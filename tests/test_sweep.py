@@ -2,6 +2,7 @@
 ASHA, `fedvlp tune`, and the rule that nothing that selects ever reads a test metric."""
 import dataclasses
 import os
+import pickle
 import re
 import signal
 import subprocess
@@ -15,9 +16,17 @@ from conftest import CLI_TIMEOUT_S, fedvlp_cli
 from mlflow import MlflowClient
 
 from fedvlp.config import load_spec
-from fedvlp.errors import ConfigError
+from fedvlp.errors import ConfigError, FedvlpError
 from fedvlp.platform.engine import run_federated
-from fedvlp.platform.sweep import _tune_config, load_sweep, trial_spec
+from fedvlp.platform.sweep import (
+    _tune_config,
+    default_ray_temp_dir,
+    load_sweep,
+    recover_cut_state,
+    staged_copies,
+    trial_spec,
+    whole_state,
+)
 
 QUICKSTART = load_spec("quickstart")
 SMALL = {"federation.rounds": 2, "federation.clients": 4, "data.num_train": 600, "data.num_val": 256,
@@ -207,9 +216,16 @@ def test_killed_sweep_resumes_with_one_run_per_trial(tmp_path, ray_cluster, trac
     (killed,) = client.search_runs([client.get_experiment_by_name("sweep-resume").experiment_id],
                                    "tags.`swept.method.name` = 'promptfl'")
     assert killed.info.status == "RUNNING" and max(promptfl_rounds()) < ROUNDS  # unfinished when the kill landed
+    # a kill in Tune's copy of its state to the experiment folder cuts that copy: cut it so, where the staged one is
+    # whole (a kill in the staged write leaves the folder's copy whole instead), and --resume must put it back
+    (state,) = (tmp_path / "ray_results" / "resume").glob("experiment_state-*.json")
+    cut = any(whole_state(copy) for copy in staged_copies(state.parent, state.name, default_ray_temp_dir()))
+    if cut:
+        state.write_bytes(state.read_bytes()[:100])
     time.sleep(3)
     again = fedvlp_cli(["sweep", str(space), "--resume"], cwd=tmp_path)
     assert again.returncode == 0, again.stderr[-3000:]
+    assert ("was cut off when the driver died" in again.stderr) == cut
     client, parents, trials = _nested_runs(uri, "sweep-resume")
     assert len(parents) == 1 and parents[0].info.status == "FINISHED"
     keys = sorted((t.data.tags["swept.method.name"], t.data.tags["seed"]) for t in trials)
@@ -228,6 +244,29 @@ def test_killed_sweep_resumes_with_one_run_per_trial(tmp_path, ray_cluster, trac
             spec = dataclasses.replace(spec, tracking=dataclasses.replace(spec.tracking, experiment="whole"))
             whole = run_federated(spec, progress=False)
             assert client.get_run(trial.info.run_id).data.metrics["val_mAP"] == whole.final["val_mAP"]
+
+
+def test_resume_puts_back_a_state_file_cut_off_by_the_kill_from_tunes_staged_copy(tmp_path):
+    """Tune's layouts: its experiment folder, and its driver's staging folder under Ray's temp folder."""
+    experiment = tmp_path / "ray_results" / "resume"
+    experiment.mkdir(parents=True)
+    state = '{"trial_data": [], "runner_data": {}}'
+    (experiment / "experiment_state-2026-12-06_10-14-30.json").write_text(state[:9])  # the copy the kill cut
+    searcher = pickle.dumps({"_finished": False})  # a searcher's state is a pickle, whatever its name ends with
+    (experiment / "basic-variant-state-2026-12-06_10-14-30.json").write_bytes(searcher)
+    (experiment / "fedvlp_sweep.json").write_text('{"parent_run_id": "x"}')
+    temp = tmp_path / "ray"
+    for session, text in (("session_2026-12-06_10-14-28_1", state), ("session_2026-12-06_09-00-00_2", "")):
+        staging = temp / session / "artifacts" / "2026-12-06_10-14-30" / "resume" / "driver_artifacts"
+        staging.mkdir(parents=True)
+        (staging / "experiment_state-2026-12-06_10-14-30.json").write_text(text)
+    assert recover_cut_state(experiment, temp) == ["experiment_state-2026-12-06_10-14-30.json"]
+    assert (experiment / "experiment_state-2026-12-06_10-14-30.json").read_text() == state
+    assert (experiment / "basic-variant-state-2026-12-06_10-14-30.json").read_bytes() == searcher
+    assert recover_cut_state(experiment, temp) == []  # whole files are left alone
+    (experiment / "basic-variant-state-2026-12-06_10-14-30.json").write_bytes(searcher[:-5])  # no staged copy
+    with pytest.raises(FedvlpError, match=r"basic-variant-state-2026-12-06_10-14-30\.json was cut off .* remove "):
+        recover_cut_state(experiment, temp)
 
 
 @pytest.mark.slow

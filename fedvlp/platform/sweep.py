@@ -34,6 +34,8 @@ import copy
 import itertools
 import json
 import math
+import os
+import pickle
 import shutil
 import sys
 import tempfile
@@ -369,6 +371,9 @@ def run_sweep(sweep: SweepSpec, resume: bool = False, progress: bool = True):
     uri = sweep.base["tracking"]["uri"]
     if resume and not (state_file.exists() and tune.Tuner.can_restore(str(experiment_dir))):
         raise FedvlpError(f"--resume: no interrupted sweep '{sweep.name}' in {experiment_dir}")
+    for name in recover_cut_state(experiment_dir) if resume else []:
+        print(f"fedvlp: --resume: {name} was cut off when the driver died; using Tune's whole staged copy",
+              file=sys.stderr)
     if not resume and experiment_dir.exists():
         raise FedvlpError(f"{experiment_dir}: a sweep named '{sweep.name}' exists already; "
                           f"pass --resume to continue it, or remove the folder to start over")
@@ -411,6 +416,59 @@ def run_sweep(sweep: SweepSpec, resume: bool = False, progress: bool = True):
     finally:
         if started_ray:
             ray.shutdown()
+
+
+# what Tune rewrites in the experiment folder while a sweep runs: its own state, and its searcher's
+TUNE_STATE_FILES = ("experiment_state-*.json", "basic-variant-state-*.json", "searcher-state-*.pkl")
+
+
+def recover_cut_state(experiment_dir: Path, ray_temp_dir: Path | None = None) -> list[str]:
+    """Put back Tune state files that a killed driver left cut off; returns the names put back.
+
+    Tune writes its experiment and searcher state to a staging folder under Ray's temp folder, then copies them to
+    the experiment folder, neither step atomically: a kill -9 in the copy leaves the experiment folder's file empty
+    or cut short while the staging copy is whole (a kill in the write leaves the previous copy whole). Restoring
+    from a cut file, Tune silently starts a new experiment with an empty search space."""
+    temp = ray_temp_dir or default_ray_temp_dir()
+    recovered = []
+    for cut in sorted(path for pattern in TUNE_STATE_FILES for path in experiment_dir.glob(pattern)):
+        if whole_state(cut):
+            continue
+        whole = [copy for copy in staged_copies(experiment_dir, cut.name, temp) if whole_state(copy)]
+        if not whole:
+            raise FedvlpError(f"--resume: {cut} was cut off when the sweep's driver died and no whole copy is left "
+                              f"under {temp}; remove {experiment_dir} to start the sweep over")
+        staged = cut.with_name(cut.name + ".recovered")
+        shutil.copyfile(whole[-1], staged)
+        staged.replace(cut)
+        recovered.append(cut.name)
+    return recovered
+
+
+def default_ray_temp_dir() -> Path:
+    """Where a Ray started on this machine keeps its sessions, as Ray chooses it on Linux and macOS."""
+    return Path(os.environ.get("RAY_TMPDIR") or os.environ.get("TMPDIR") or "/tmp") / "ray"
+
+
+def staged_copies(experiment_dir: Path, name: str, ray_temp_dir: Path) -> list[Path]:
+    """Tune's staged copies of the experiment folder's file `name`, oldest first (one per driver session)."""
+    pattern = f"session_*/artifacts/*/{experiment_dir.name}/driver_artifacts/{name}"
+    return sorted(ray_temp_dir.glob(pattern), key=lambda copy: copy.stat().st_mtime)
+
+
+def whole_state(path: Path) -> bool:
+    """Whether a Tune state file reads back: the experiment's state is JSON, a searcher's is a pickle (whatever
+    its name ends with)."""
+    import ray.cloudpickle
+
+    try:
+        if path.name.startswith("experiment_state-"):
+            json.loads(path.read_bytes())
+        else:
+            ray.cloudpickle.loads(path.read_bytes())
+        return True
+    except (ValueError, EOFError, pickle.UnpicklingError):
+        return False
 
 
 def _tune_config(sweep: SweepSpec):
