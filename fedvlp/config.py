@@ -172,6 +172,10 @@ class ResourcesSpec:
     cohort_placement: Literal["balanced", "home"] = spec_field(
         "balanced", "where a round's clients train: balanced (clients move from the busiest worker to the idlest "
         "while that shortens the round) or home (client k on worker k mod P, its data never read elsewhere)")
+    client_dispatch: Literal["per_worker", "per_client"] = spec_field(
+        "per_worker", "how a round's updates are sent to the workers: per_worker (one task trains a worker's whole "
+        "share, one client after another) or per_client (a task per client); the same updates either way, and "
+        "per_client under a wall-clock round_deadline_s, where each client's arrival time counts")
     client_state_memory_mb: float = spec_field(
         1024.0, "client-local states the coordinator keeps in memory; the rest spill to disk under output_dir", ge=0)
 

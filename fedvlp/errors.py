@@ -31,3 +31,9 @@ class RoundFailedError(FedvlpError):
 
 class TrackingError(FedvlpError):
     """The MLflow tracking store cannot be reached or opened."""
+
+
+def first_line(exc: BaseException) -> str:
+    """`Type: first line of the message`, what a failure's printed line and MLflow tag say of its cause."""
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0] if text else ''}"[:500]

@@ -175,6 +175,20 @@ def test_same_seed_same_metrics_with_one_or_two_workers(ray_cluster, tracking_ur
     assert [h["train_loss"] for h in one.history] == [h["train_loss"] for h in two.history]
 
 
+@pytest.mark.usefixtures("tiny_clip")
+def test_one_task_per_worker_trains_the_same_updates_as_one_task_per_client(ray_cluster, tracking_uri, tmp_path):
+    """Each round's 4 clients over 2 workers: 2 tasks of 2 clients, or 4 tasks; the same run bitwise."""
+    runs = {dispatch: run_federated(small_run(tracking_uri, tmp_path, "federation.clients=4",
+                                              f"resources.client_dispatch={dispatch}"), progress=False)
+            for dispatch in ("per_worker", "per_client")}
+    batched, single = runs["per_worker"], runs["per_client"]
+    assert [h["client_tasks"] for h in batched.history] == [2] * len(batched.history)
+    assert [h["client_tasks"] for h in single.history] == [4] * len(single.history)
+    assert batched.final == single.final
+    assert all(torch.equal(batched.final_state[k], single.final_state[k]) for k in single.final_state)
+    assert [h["train_loss"] for h in batched.history] == [h["train_loss"] for h in single.history]
+
+
 @pytest.mark.slow
 @pytest.mark.usefixtures("tiny_clip")
 def test_eight_workers_share_four_gpus_each_a_process_of_its_own(ray_cluster, tracking_uri, tmp_path):

@@ -30,7 +30,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from fedvlp.backbones import FEATURE_CHUNK, backbone_id, prepare_backbone
 from fedvlp.data import FederatedData, Split, prepare_data
 from fedvlp.data.feature_cache import FeatureCache, array_digest, feature_key
-from fedvlp.errors import ConfigError, ResourceError, RoundFailedError
+from fedvlp.errors import ConfigError, ResourceError, RoundFailedError, first_line
 from fedvlp.methods.declarations import Task
 from fedvlp.methods.registry import declaration
 from fedvlp.platform import warm
@@ -308,7 +308,8 @@ def _train_round(spec, round_index: int, coordinator, pool: WorkerPool, clock: V
     secure = None if not privacy["secure"] else {
         "cohort": cohort, "weighting": privacy["weighting"],
         "clip_norm": privacy["clip_norm"] if privacy["noise_multiplier"] is not None else None}
-    arrived, failures, late_now, replaced = _collect_updates(spec, round_index, cohort, coordinator, pool, secure)
+    arrived, failures, late_now, replaced, tasks = _collect_updates(spec, round_index, cohort, coordinator, pool,
+                                                                    secure)
     late += late_now
     if len(arrived) < federation.min_clients_per_round:
         why = "; ".join(f"client {cid}: {cause}" for cid, cause in failures[:3])
@@ -324,20 +325,22 @@ def _train_round(spec, round_index: int, coordinator, pool: WorkerPool, clock: V
     metrics.update(train_loss=summary["train_loss"], local_steps=summary["local_steps"],
                    bytes_up=summary["bytes_up"], bytes_down=summary["bytes_down"],
                    clients=len(summary["clients"]), failed_clients=len(failures), late_clients=len(late),
-                   replaced_workers=replaced, timings=summary["timings"], **summary["server"],
+                   replaced_workers=replaced, client_tasks=tasks, timings=summary["timings"], **summary["server"],
                    **{f"train_{name}": value for name, value in summary["stats"].items()})
     return metrics, failures, calls[1] if then is not None else None
 
 
 def _collect_updates(spec, round_index: int, cohort: list[int], coordinator, pool: WorkerPool,
                      secure: dict | None = None):
-    """Run the cohort's local updates, one task per client on the worker `pool.place` gives it.
+    """Run the cohort's local updates on the workers `pool.place` gives them: one task per worker that trains its
+    share one client after another (`resources.client_dispatch: per_worker`), or one task per client.
 
     Returns (the update refs that arrived, in client order; failures as (client, cause); late
-    clients; workers replaced). A failed update (its worker died, it raised, or it was still out at
-    `round_timeout_s`: hung) is dropped or retried per `federation.on_client_failure`; a dead or hung
+    clients; workers replaced; tasks sent). A failed update (it raised, its worker died, or it was still out at
+    `round_timeout_s`: hung) is dropped or retried alone per `federation.on_client_failure`; a dead or hung
     worker is replaced first, and a retried update gets a timeout of its own. Updates still out at the
-    wall-clock `round_deadline_s` are late and left out.
+    wall-clock `round_deadline_s` are late and left out: each client is then a task of its own, so that
+    every update that ended in time arrives.
     """
     federation = spec.federation
     state_ref = coordinator.global_state.remote()  # put once; every worker resolves the same ref
@@ -346,20 +349,27 @@ def _collect_updates(spec, round_index: int, cohort: list[int], coordinator, poo
     deadline = None
     if federation.round_deadline_s is not None and not federation.virtual_clock.enabled:
         deadline = min(start + federation.round_deadline_s, give_up)
-    pending, attempts, placed = {}, {cid: 0 for cid in cohort}, pool.place(cohort)
+    pending, attempts, placed, tasks = {}, {cid: 0 for cid in cohort}, pool.place(cohort), 0
     if pool.client_states_kept:
         state_refs = coordinator.cohort_client_states.options(num_returns=len(cohort)).remote(cohort)
         client_states = dict(zip(cohort, state_refs if len(cohort) > 1 else [state_refs]))
     else:  # the method keeps no client-local state: nothing to fetch
         client_states = dict.fromkeys(cohort)
 
-    def submit(cid: int) -> None:
-        status, update, actor = pool.submit(round_index, cid, placed[cid], state_ref, client_states[cid], deadline,
-                                            secure)
-        pending[status] = (cid, update, actor)
+    def submit(cids: list[int]) -> None:
+        """One task for clients that share a worker."""
+        nonlocal tasks
+        tasks += 1
+        status, updates, actor = pool.submit(round_index, cids, placed[cids[0]], state_ref,
+                                             [client_states[cid] for cid in cids], deadline, secure)
+        pending[status] = (cids, updates, actor)
 
-    for cid in cohort:
-        submit(cid)
+    if spec.resources.client_dispatch == "per_worker" and deadline is None:
+        for worker in sorted(set(placed.values())):
+            submit([cid for cid in cohort if placed[cid] == worker])
+    else:
+        for cid in cohort:
+            submit([cid])
     arrived: dict[int, Any] = {}
     failures: list[tuple[int, str]] = []
     late: list[int] = []
@@ -377,34 +387,36 @@ def _collect_updates(spec, round_index: int, cohort: list[int], coordinator, poo
         done, _ = ray.wait(list(pending), num_returns=1, timeout=max(0.0, (deadline or give_up) - time.time()))
         if not done:
             if deadline is not None and deadline < give_up:  # the deadline passed first: late, the workers go on
-                late += [cid for cid, _, _ in pending.values()]
+                late += [cid for cids, _, _ in pending.values() for cid in cids]
                 break
             hung = list(pending.values())
             pending.clear()
             cause = f"no update within resources.round_timeout_s={spec.resources.round_timeout_s:g} s"
-            retried = [cid for cid, _, _ in hung if failed(cid, cause)]
+            retried = [cid for cids, _, _ in hung for cid in cids if failed(cid, cause)]
             if retried or len(arrived) >= federation.min_clients_per_round:  # else the round fails: no use replacing
-                for cid, _, actor in hung:
-                    replaced += pool.replace(placed[cid], actor)
+                for cids, _, actor in hung:
+                    replaced += pool.replace(placed[cids[0]], actor)
             give_up = time.time() + spec.resources.round_timeout_s  # the retried updates' own timeout
             for cid in retried:
-                submit(cid)
+                submit([cid])
             continue
-        cid, update, actor = pending.pop(done[0])
+        cids, updates, actor = pending.pop(done[0])
         try:
-            if ray.get(done[0])["late"]:
+            statuses = ray.get(done[0])
+        except ray.exceptions.RayActorError as exc:  # the worker died: every client of the task failed with it
+            replaced += pool.replace(placed[cids[0]], actor)
+            statuses = [{"error": f"worker {placed[cids[0]]} died ({first_line(exc)})"}] * len(cids)
+        except ray.exceptions.RayError as exc:
+            statuses = [{"error": first_line(getattr(exc, "cause", None) or exc)}] * len(cids)
+        for cid, status, update in zip(cids, statuses, updates):
+            if status["error"] is not None:
+                if failed(cid, status["error"]):
+                    submit([cid])
+            elif status["late"]:
                 late.append(cid)
             else:
                 arrived[cid] = update
-            continue
-        except ray.exceptions.RayActorError as exc:
-            cause = f"worker {placed[cid]} died ({_first_line(exc)})"
-            replaced += pool.replace(placed[cid], actor)
-        except ray.exceptions.RayError as exc:
-            cause = _first_line(getattr(exc, "cause", None) or exc)
-        if failed(cid, cause):
-            submit(cid)
-    return [arrived[cid] for cid in sorted(arrived)], failures, late, replaced
+    return [arrived[cid] for cid in sorted(arrived)], failures, late, replaced, tasks
 
 
 def _privacy(spec) -> dict:
@@ -445,11 +457,6 @@ def _privacy_metrics(privacy: dict, round_index: int) -> dict[str, float]:
     clients, cohort, delta = privacy["accounting"]
     spent = epsilon(privacy["noise_multiplier"], clients, cohort, round_index, delta) if round_index else 0.0
     return {"privacy_epsilon": spent, "privacy_noise_multiplier": privacy["noise_multiplier"]}
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[0] if text else ''}"[:500]
 
 
 def _warn(message: str) -> None:

@@ -103,13 +103,14 @@ class WorkerPool:
             return {cid: self.home[cid] for cid in cohort}
         return balance_cohort(cohort, self.home, self.cost, len(self.actors))
 
-    def submit(self, round_index: int, client_id: int, worker: int, state_ref, client_state_ref,
+    def submit(self, round_index: int, client_ids: list[int], worker: int, state_ref, client_state_refs: list,
                deadline: float | None, secure: dict | None = None):
-        """(status ref, update ref, the actor it went to) of one client's local update on worker `worker`."""
+        """(status ref, the clients' update refs, the actor it went to) of one task on worker `worker` that trains
+        `client_ids` one after another (`ClientWorker.train_clients`)."""
         actor = self.actors[worker]
-        status, update = actor.train_client.remote(round_index, client_id, state_ref, client_state_ref, deadline,
-                                                   secure)
-        return status, update, actor
+        status, *updates = actor.train_clients.options(num_returns=1 + len(client_ids)).remote(
+            round_index, client_ids, state_ref, *client_state_refs, deadline=deadline, secure=secure)
+        return status, updates, actor
 
     def replace(self, index: int, dead_actor) -> bool:
         """Replace worker `index` if `dead_actor` is still the one in place; True if it was replaced now."""

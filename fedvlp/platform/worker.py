@@ -16,6 +16,7 @@ import ray
 
 from fedvlp.backbones import load_backbone
 from fedvlp.data.missing import apply_missing
+from fedvlp.errors import first_line
 from fedvlp.platform.metrics import LOCAL_SETS
 from fedvlp.platform.updates import ClientUpdate
 from fedvlp.seeding import torch_generator
@@ -172,23 +173,40 @@ class ClientWorker:
         }
         return sorted(self.clients)
 
-    @ray.method(num_returns=2)
-    def train_client(self, round_index: int, client_id: int, global_state: dict, client_state: dict | None,
-                     deadline: float | None = None, secure: dict | None = None) -> tuple[dict, ClientUpdate | None]:
-        """One client's local update: (a small status for the driver, the update for the coordinator). The client
-        is one of this worker's own or a visitor from a busier worker (`balance_cohort`), whose data is read from
-        the shared training set for this update only.
+    def train_clients(self, round_index: int, client_ids: list[int], global_state: dict, *client_states: dict | None,
+                      deadline: float | None = None, secure: dict | None = None) -> tuple:
+        """Local updates of `client_ids`, one after another (`client_states` in the same order): (a small status
+        per client for the driver, then each client's update for the coordinator), as many returns as
+        `1 + len(client_ids)` (the caller sets `num_returns`). A client is one of this worker's own or a visitor
+        from a busier worker (`balance_cohort`), whose data is read from the shared training set for this update
+        only. A client that raises fails alone: its status carries the error, its update is None, the next goes on.
 
         A client whose turn comes after the round's wall-clock deadline is skipped: its update
         would be left out anyway. Under secure aggregation (`secure`: the round's cohort, the weight
         kind, and the DP clip norm or None) the client clips its update if DP asks, then sends its
         averaged parameters only as a masked vector (`fedvlp.platform.secagg.mask`).
         """
-        if deadline is not None and time.time() > deadline:
-            return {"client_id": client_id, "late": True}, None
+        global_state = _to(global_state, self.device)
+        statuses: list[dict] = []
+        updates: list[ClientUpdate | None] = []
+        for client_id, client_state in zip(client_ids, client_states):
+            late = deadline is not None and time.time() > deadline
+            status: dict[str, Any] = {"client_id": client_id, "late": late, "error": None}
+            update = None
+            if not status["late"]:
+                try:
+                    update = self._train_client(round_index, client_id, global_state, client_state, secure)
+                except Exception as exc:  # the client fails, not the worker: the driver retries or drops it alone
+                    status["error"] = first_line(exc)
+            statuses.append(status)
+            updates.append(update)
+        return (statuses, *updates)
+
+    def _train_client(self, round_index: int, client_id: int, global_state: dict, client_state: dict | None,
+                      secure: dict | None) -> ClientUpdate:
         self._injected_fault(round_index, client_id)
         started = time.time()
-        self.method.load(_to(global_state, self.device), _to_optional(client_state, self.device))
+        self.method.load(global_state, _to_optional(client_state, self.device))
         data = (self.clients[client_id] if client_id in self.clients  # its home, or a visitor's data for this update
                 else self._client_data(self.train, self.parts[client_id]))
         result = self.method.local_update(data, torch_generator(self.spec.seed, "client", round_index, client_id))
@@ -202,10 +220,9 @@ class ClientWorker:
             weight = len(data) if secure["weighting"] == "samples" else 1.0
             masked = secagg.mask(state, weight, client_id, secure["cohort"], self.spec.seed, round_index)
             state = {}
-        update = ClientUpdate.from_result(client_id, len(data), state, _to(self.method.local_state(), "cpu"),
-                                          result, worker=self.index, started=started, finished=time.time(),
-                                          masked=masked)
-        return {"client_id": client_id, "late": False}, update
+        return ClientUpdate.from_result(client_id, len(data), state, _to(self.method.local_state(), "cpu"),
+                                        result, worker=self.index, started=started, finished=time.time(),
+                                        masked=masked)
 
     def inject_fault(self, round_index: int, client_id: int, kind: str, seconds: float = 1e6) -> None:
         """Fault drills: this client's next update in that round raises, kills this worker's process
