@@ -24,7 +24,8 @@ BLOCK = re.compile(r"(<!-- performance:(?P<name>[\w-]+) -->\n)(?P<body>.*?)(<!--
 METHODS = {"promptfl": "PromptFL", "fedmpt": "FedMPT"}
 ARM_NAMES = {"fedvlp": "fedvlp (cold)", "fedvlp_warm": "fedvlp (warm cluster)", "bare": "bare loop",
              "flower": "Flower (docs)",
-             "flower_cached": "Flower (cached)"}
+             "flower_cached": "Flower (cached)", "fedvlp_per_client": "fedvlp (warm, a task per client)",
+             "pfl": "pfl-research"}
 
 
 class TinyResults(ValueError):
@@ -90,6 +91,38 @@ def overhead(r: dict) -> list[str]:
                     "same local steps, cohorts", "bare's metrics vs fedvlp's"], totals), "",
             *table(["workload", "arm", "start-up s", "round 1 s", "median round s", "median round CPU s",
                     "local steps", "final test mAP"], runs), "", caption(r, workload) + skipped]
+
+
+def cross_device(r: dict) -> list[str]:
+    rows, verdicts = [], []
+    for size, w in r["runs"].items():
+        per_round = size.split("_")[0]
+        for arm, a in w["arms"].items():
+            spread, cpu = w["totals_s"][arm], a.get("cpu_to_last_round_s")
+            cost = a.get("busiest_worker_compute_s") and w["cost_per_client_ms"][arm]
+            rows.append([per_round, ARM_NAMES[arm], f"{a['total_s']:.1f} ({min(spread):.1f}–{max(spread):.1f})",
+                         a["startup_s"], f"{a['median_round_s']:.3f}", "missing" if cpu is None else cpu,
+                         a["local_steps"], "—" if not cost else f"{common.median(cost):.2f}",
+                         f"{a['final']['val_mAP']:.4f}"])
+        for pair, ratio in w["ratios"].items():
+            ours, theirs = pair.split("/")
+            verdicts.append([per_round, f"{ARM_NAMES[ours]} / {ARM_NAMES[theirs]}",
+                             " ".join(f"{x:.2f}×" for x in ratio["total_per_repeat"]), f"{ratio['median_round']:.2f}×",
+                             f"≤ {ratio['target']:g}: {ratio['verdict']}"])
+        if "cost_target" in w:
+            costs = " ".join(f"{c:.2f}" for c in w["cost_per_client_ms"]["fedvlp_warm"])
+            verdicts.append([per_round, "fedvlp (warm) platform cost per client, ms", costs, "—",
+                             f"≤ {w['cost_target']['target_ms']:g}: {w['cost_target']['verdict']}"])
+    same = all(w["work"]["same_local_steps"] and w["work"]["same_cohorts"] for w in r["runs"].values())
+    workload = (f"PromptFL over the tiny CLIP's cached features, {r['clients']} clients of {r['samples_per_client']} "
+                f"images, 1 local epoch at batch 10, {r['rounds']} rounds, {r['processes_per_arm']} processes per arm, "
+                f"each arm's run of median total time over {r['repeats']} alternating repeats, each run in a fresh "
+                f"process; the same cohorts and local steps in every arm: {'yes' if same else 'NO'}")
+    skipped = "".join(f" {ARM_NAMES[arm]}: not run ({why})." for arm, why in r["skipped"].items())
+    return [*table(["per round", "arm", "total s (spread)", "start-up s", "median round s", "CPU s", "local steps",
+                    "platform cost per client, ms", "final val mAP"], rows), "",
+            *table(["per round", "ratio", "total, per repeat", "median round", "target"], verdicts), "",
+            caption(r, workload) + skipped]
 
 
 def placement(r: dict) -> list[str]:
@@ -265,6 +298,7 @@ def partition(r: dict) -> list[str]:
 BLOCKS = {
     "overhead": ("overhead", overhead, "python benchmarks/overhead.py"),
     "placement": ("placement", placement, "python benchmarks/placement.py"),
+    "cross_device": ("cross_device", cross_device, "python benchmarks/cross_device.py"),
     "feature_cache": ("feature_cache", feature_cache, "python benchmarks/feature_cache.py"),
     "feature_cache-vit": ("feature_cache-ViT-B-16", feature_cache,
                           "python benchmarks/feature_cache.py --backbone ViT-B-16 --cohort 1 --repeats 1"),

@@ -342,6 +342,27 @@ def test_overhead_at_tiny_size(results):
 
 @pytest.mark.slow
 @pytest.mark.usefixtures("tiny_clip")
+def test_cross_device_at_tiny_size(results):
+    """The fedvlp arms (cold, warm, warm with a task per client) and the bare loop, each run in a fresh process:
+    the same work and the same final metrics in all four, and every fedvlp arm's platform cost per client."""
+    out = run_script("cross_device", results, "--tiny").stdout
+    r = read_record(results, "cross_device", "python benchmarks/cross_device.py --tiny")
+    w = r["runs"]["4_per_round"]
+    assert list(w["arms"]) == ["fedvlp", "fedvlp_warm", "fedvlp_per_client", "bare"]
+    assert w["work"]["same_local_steps"] and w["work"]["same_cohorts"] and w["arms"]["bare"]["local_steps"] > 0
+    assert len({json.dumps(a["final"]["val_mAP"]) for a in w["arms"].values()}) == 1  # bitwise, whatever dispatches
+    assert (w["arms"]["fedvlp_warm"]["actors"], w["arms"]["fedvlp_per_client"]["actors"]) == ("warm", "warm")
+    assert all(c is not None and c > 0 for arm in ("fedvlp", "fedvlp_warm", "fedvlp_per_client")
+               for c in w["cost_per_client_ms"][arm])
+    assert w["cost_per_client_ms"]["bare"] == [None]  # the bare loop does not time its workers' compute
+    warm_over_bare = w["ratios"]["fedvlp_warm/bare"]
+    assert warm_over_bare["target"] == 1.2 and len(warm_over_bare["total_per_repeat"]) == 1
+    assert "fedvlp_warm/bare: total x" in out
+    rendered("cross_device", r)
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("tiny_clip")
 def test_placement_at_tiny_size(results, ray_cluster):
     r = tiny_run("placement", results)
     steps = r["busiest_worker_steps_per_epoch"]
