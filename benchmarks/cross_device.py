@@ -3,10 +3,10 @@ Flower with cached actors and the bare loop, all on the same work.
 
 Workload, shaped like pfl-research's cross-device benchmark (CIFAR-10, 1,000 clients, 50 per round, 1 local epoch,
 batch 10): PromptFL (fedvlp/configs/quickstart.yaml, its lr and context) over the tiny CLIP's cached image
-features of synthetic-scenes, 1,000 clients under label skew t = 0.5 with 50 training images each (50,000 in
-all), 50 and 200 clients per round (each its own run of every arm), 1 local epoch at batch 10 (5 local steps a
-client), evaluation before round 1 and after the last on 1,000 val and 1,000 test images and the clients' local
-test sets. PromptFL over cached features rather than pfl's CIFAR-10 CNN: it is the work fedvlp's users run (a
+features of synthetic-scenes, 1,000 clients with 50 training images each (50,000 in all, an IID split, as pfl's
+CIFAR-10 benchmark splits), 50 and 200 clients per round (each its own run of every arm), 1 local epoch at batch 10
+(5 local steps a client), evaluation before round 1 and after the last on 1,000 val and 1,000 test images (no
+local test sets: pfl's arm scores the global model only). PromptFL over cached features rather than pfl's CIFAR-10 CNN: it is the work fedvlp's users run (a
 prompt through a frozen text encoder, scored against frozen image features), and pfl trains any torch module; a
 CNN on raw images would measure convolutions, not the platform.
 
@@ -66,7 +66,7 @@ def workload(args, per_round: int) -> list[str]:
     return ["method.local_epochs=1", "method.batch_size=10", f"federation.clients={args.clients}",
             f"federation.participation={per_round / args.clients}", f"federation.rounds={args.rounds}",
             f"federation.eval_every={args.rounds}", f"data.num_train={args.clients * SAMPLES_PER_CLIENT}",
-            "data.num_val=1000", "data.num_test=1000", f"data.num_holdout={2 * args.clients}",
+            "federation.partition=iid", "data.num_val=1000", "data.num_test=1000", "data.num_holdout=0",
             "resources.workers=2", "resources.round_timeout_s=600", "tracking.experiment=bench-cross-device"]
 
 
