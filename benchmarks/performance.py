@@ -99,7 +99,7 @@ def cross_device(r: dict) -> list[str]:
         per_round = size.split("_")[0]
         for arm, a in w["arms"].items():
             spread, cpu = w["totals_s"][arm], a.get("cpu_to_last_round_s")
-            cost = a.get("busiest_worker_compute_s") and w["cost_per_client_ms"][arm]
+            cost = [c for c in w["cost_per_client_ms"][arm] if c is not None]
             rows.append([per_round, ARM_NAMES[arm], f"{a['total_s']:.1f} ({min(spread):.1f}–{max(spread):.1f})",
                          a["startup_s"], f"{a['median_round_s']:.3f}", "missing" if cpu is None else cpu,
                          a["local_steps"], "—" if not cost else f"{common.median(cost):.2f}",
