@@ -56,7 +56,7 @@ import time
 from pathlib import Path
 
 VENV = Path(tempfile.gettempdir()) / "fedvlp-benchmarks" / "pfl-venv"
-PFL_REQUIREMENT = "pfl[pytorch]==0.6.0"
+PFL_REQUIREMENT = "pfl[pytorch]==0.6.0"  # pyproject.toml's `bench-pfl` extra
 # What the arm imports, fedvlp's benchmark stack (_common) included, and fedvlp's privacy accounting: it imports
 # dp_accounting on use, and the venv holds pfl's pin (<0.6), not the system's.
 VENV_CHECK = ("import sys; sys.path.insert(0, sys.argv[1]); import pfl, pfl.model.pytorch, torch, fedvlp, _common; "

@@ -6,9 +6,9 @@ batch 10): PromptFL (fedvlp/configs/quickstart.yaml, its lr and context) over th
 features of synthetic-scenes, 1,000 clients with 50 training images each (50,000 in all, an IID split, as pfl's
 CIFAR-10 benchmark splits), 50 and 200 clients per round (each its own run of every arm), 1 local epoch at batch 10
 (5 local steps a client), evaluation before round 1 and after the last on 1,000 val and 1,000 test images (no
-local test sets: pfl's arm scores the global model only). PromptFL over cached features rather than pfl's CIFAR-10 CNN: it is the work fedvlp's users run (a
-prompt through a frozen text encoder, scored against frozen image features), and pfl trains any torch module; a
-CNN on raw images would measure convolutions, not the platform.
+local test sets: pfl's arm scores the global model only). PromptFL over cached features rather than pfl's CIFAR-10
+CNN: it is the work fedvlp's users run (a prompt through a frozen text encoder, scored against frozen image
+features), and pfl trains any torch module; a CNN on raw images would measure convolutions, not the platform.
 
 Arms, each on 2 processes:
   fedvlp              `run_federated`: a Ray it starts, Coordinator + 2 ClientWorker actors, MLflow, a checkpoint

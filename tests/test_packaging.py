@@ -1,5 +1,6 @@
 """Every import is declared where it is used: the package's in `dependencies`, the tests' in the `dev` extra (or
-the package's), the benchmarks' in `bench` (or dev, or the package's); and the wheel ships the configs and spaces."""
+the package's), the benchmarks' in `bench` (or `bench-pfl`, dev, or the package's); and the wheel ships the configs
+and spaces."""
 import ast
 import importlib.metadata
 import subprocess
@@ -24,6 +25,7 @@ DECLARED = {
     "runtime": _names(PROJECT["dependencies"]),
     "dev": _names(PROJECT["optional-dependencies"]["dev"]),
     "bench": _names(PROJECT["optional-dependencies"]["bench"]),
+    "bench-pfl": _names(PROJECT["optional-dependencies"]["bench-pfl"]),  # its own virtual environment
 }
 # Distributions that come with a declared one (ray[tune] brings pandas/pyarrow; mlflow brings sqlalchemy ...)
 # are not enough: an import must name its own distribution, so it survives its provider dropping it.
@@ -54,7 +56,7 @@ def _undeclared(folder: str, allowed: set[str]) -> dict[str, set[str]]:
 
 
 @pytest.mark.parametrize("folder, extras", [("fedvlp", ("runtime",)), ("tests", ("runtime", "dev")),
-                                            ("benchmarks", ("runtime", "dev", "bench")),
+                                            ("benchmarks", ("runtime", "dev", "bench", "bench-pfl")),
                                             ("examples", ("runtime",))])
 def test_every_import_is_declared_where_it_is_used(folder, extras):
     allowed = set().union(*(DECLARED[e] for e in extras))
