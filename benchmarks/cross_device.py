@@ -181,12 +181,9 @@ def report(runs: dict[str, list[dict]], per_round: int, args) -> dict:
                                    "verdict": common.against_target(costs["fedvlp_warm"], COST_TARGET_MS)}
         print(f"fedvlp_warm platform cost per client {costs['fedvlp_warm']} ms (target <= {COST_TARGET_MS}: "
               f"{verdicts['cost_target']['verdict']})")
-    steps = {arm: r["local_steps_per_round"] for arm, r in arms.items()}
-    work = {"same_local_steps": len({json.dumps(s) for s in steps.values()}) == 1,
-            "same_cohorts": len({r["cohorts_digest"] for r in arms.values()}) == 1,
-            "local_steps": {arm: r["local_steps"] for arm, r in arms.items()}}
+    work = overhead.same_work(arms)
     print(f"the same work in every arm: local steps {work['same_local_steps']} {work['local_steps']}, "
-          f"cohorts {work['same_cohorts']}", file=sys.stdout)
+          f"cohorts {work['same_cohorts']}")
     return {"arms": arms, "totals_s": totals, "cost_per_client_ms": costs, "work": work, **verdicts}
 
 

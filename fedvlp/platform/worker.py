@@ -193,7 +193,7 @@ class ClientWorker:
             late = deadline is not None and time.time() > deadline
             status: dict[str, Any] = {"client_id": client_id, "late": late, "error": None}
             update = None
-            if not status["late"]:
+            if not late:
                 try:
                     update = self._train_client(round_index, client_id, global_state, client_state, secure)
                 except Exception as exc:  # the client fails, not the worker: the driver retries or drops it alone
