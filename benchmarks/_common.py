@@ -22,6 +22,7 @@ import multiprocessing
 import os
 import platform
 import shlex
+import subprocess
 import sys
 import tempfile
 import time
@@ -408,6 +409,17 @@ def against_target(values: list[float], goal: float) -> str:
     return f"within noise ({min(values):.2f}-{max(values):.2f} over {len(values)} runs)"
 
 
+def against_median_target(values: list[float], goal: float, ceiling: float) -> str:
+    """A target on the median of repeated runs with a ceiling on every run (seconds, lower is better): "met" when the
+    median meets `goal` and no run is over `ceiling`, "missed" when no run meets `goal` or one is over `ceiling`,
+    otherwise "within noise" with the runs' spread."""
+    if median(values) <= goal and max(values) <= ceiling:
+        return "met"
+    if min(values) > goal or max(values) > ceiling:
+        return "missed"
+    return f"within noise ({min(values):.2f}-{max(values):.2f} over {len(values)} runs)"
+
+
 def median(values: list[float]) -> float:
     return float(np.median(values)) if values else float("nan")
 
@@ -490,19 +502,36 @@ class Evaluator:
                                for name, indices in (("personal", data.local_tests), ("personal_val", data.local_vals))}
 
     def __call__(self, state: dict, client_states: dict | None = None) -> dict[str, float]:
-        metrics = {}
+        return self.metrics([self.logits(state, client_states)])
+
+    def logits(self, state: dict, client_states: dict | None = None, share: int = 0, shares: int = 1) -> dict:
+        """One share of the evaluation, as one of `shares` workers scores it: its blocks of every split (dealt
+        round-robin, as the engine deals them) and the local sets of its home clients (client id % shares)."""
         self.method.load_global(state)
-        for name, (inputs, labels) in self.splits.items():
-            logits = torch.cat([self.method.score(inputs[start : start + EVAL_BLOCK])
-                                for start in range(0, len(inputs), EVAL_BLOCK)]).numpy()
+        blocks = {name: [(start, self.method.score(inputs[start : start + EVAL_BLOCK]).numpy())
+                         for start in range(0, len(inputs), EVAL_BLOCK)[share::shares]]
+                  for name, (inputs, _) in self.splits.items()}
+        local: dict[str, dict[int, np.ndarray]] = {}
+        for name, sets in self.local_sets.items():
+            local[name] = {}
+            for cid, (inputs, _) in sorted(sets.items()):
+                if cid % shares == share:
+                    self.method.load(state, (client_states or {}).get(cid))
+                    local[name][cid] = self.method.score(inputs).numpy()
+        return {"blocks": blocks, "local": local}
+
+    def metrics(self, shares: list[dict]) -> dict[str, float]:
+        """The engine's metrics from every share's logits (`logits`), computed here as the engine's driver does."""
+        metrics = {}
+        for name, (_, labels) in self.splits.items():
+            blocks = sorted((block for share in shares for block in share["blocks"][name]), key=lambda b: b[0])
+            logits = np.concatenate([scores for _, scores in blocks])
             metrics.update({f"{name}_{k}": v for k, v in engine._scores(self.task, logits, labels,
                                                                           self.cooccurring).items()})
-        for name, local in self.local_sets.items():
-            per_client = []
-            for cid, (inputs, labels) in sorted(local.items()):
-                self.method.load(state, (client_states or {}).get(cid))
-                per_client.append(engine._scores(self.task, self.method.score(inputs).numpy(), labels))
-            metrics.update(engine.personal_metrics(per_client, name))
+        for name, sets in self.local_sets.items():
+            logits = {cid: scores for share in shares for cid, scores in share["local"][name].items()}
+            metrics.update(engine.personal_metrics([engine._scores(self.task, logits[cid], labels)
+                                                    for cid, (_, labels) in sorted(sets.items())], name))
         return metrics
 
 
@@ -550,14 +579,21 @@ def run_bare(spec, threads: int = 1, on_round=None, processes: int = 1, eval_set
         cost = client_costs(spec, prepare_data(spec).parts)
         # an executor, not a Pool: a worker that fails to start breaks it (an error) instead of being restarted forever
         with ProcessPoolExecutor(processes, multiprocessing.get_context("spawn"), initializer=_bare_worker_start,
-                                 initargs=(spec, threads)) as pool:
+                                 initargs=(spec, threads, eval_sets)) as pool:
             def train(jobs: list) -> list[dict]:
                 # the cohort split as fedvlp's workers split it: homes cid % processes, then balanced
                 cohort = [cid for _, _, cid, _, _ in jobs]
                 placed = balance_cohort(cohort, {cid: cid % processes for cid in cohort}, cost, processes)
                 shares = [[job for job in jobs if placed[job[2]] == w] for w in range(processes)]
                 return [u for share in pool.map(_bare_worker_updates, shares) for u in share]
-            return _bare_loop(spec, on_round or (lambda *_: None), train, eval_sets)
+
+            def evaluate(evaluator: Evaluator, state: dict, client_states: dict | None = None) -> dict[str, float]:
+                # scored on the worker processes as fedvlp's workers score it: blocks round-robin, clients at home
+                held = client_states or {}
+                shares = [(state, {c: s for c, s in held.items() if c % processes == w}, w, processes)
+                          for w in range(processes)]
+                return evaluator.metrics(list(pool.map(_bare_worker_logits, shares)))
+            return _bare_loop(spec, on_round or (lambda *_: None), train, eval_sets, evaluate)
 
 
 _BARE_WORKER: dict = {}
@@ -569,17 +605,23 @@ def _client_data(spec, data, method, backbone) -> dict[int, ClientData]:
             for cid, idx in enumerate(data.parts)}
 
 
-def _bare_worker_start(spec, threads: int) -> None:
-    """A worker process of the parallel bare loop: its method and every client's features, held for the run."""
+def _bare_worker_start(spec, threads: int, eval_sets) -> None:
+    """A worker process of the parallel bare loop: its method, every client's features and the evaluation sets,
+    held for the run."""
     torch.set_num_threads(threads)
     data = prepare_data(spec)
     backbone = load_backbone(spec)
     method = build_method(spec, backbone, Task(data.dataset.class_names, data.dataset.multilabel))
-    _BARE_WORKER.update(method=method, clients=_client_data(spec, data, method, backbone))
+    _BARE_WORKER.update(method=method, clients=_client_data(spec, data, method, backbone),
+                        evaluator=Evaluator(spec, data, method, backbone, eval_sets))
 
 
 def _bare_worker_updates(jobs: list) -> list[dict]:
     return _local_updates(jobs, _BARE_WORKER["method"], _BARE_WORKER["clients"])
+
+
+def _bare_worker_logits(share: tuple) -> dict:
+    return _BARE_WORKER["evaluator"].logits(*share)
 
 
 def _local_updates(jobs: list, method, clients: dict[int, ClientData]) -> list[dict]:
@@ -593,8 +635,9 @@ def _local_updates(jobs: list, method, clients: dict[int, ClientData]) -> list[d
     return updates
 
 
-def _bare_loop(spec, on_round, train, eval_sets) -> BareResult:
-    """The loop itself; `train(jobs)` runs a cohort's local updates (None: in this process)."""
+def _bare_loop(spec, on_round, train, eval_sets, evaluate_on=None) -> BareResult:
+    """The loop itself; `train(jobs)` runs a cohort's local updates and `evaluate_on(evaluator, state, client
+    states)` scores them (None: in this process)."""
     started = time.perf_counter()
     fed = spec.federation
     prepare_backbone(spec)
@@ -605,7 +648,8 @@ def _bare_loop(spec, on_round, train, eval_sets) -> BareResult:
     if train is None:
         clients = _client_data(spec, data, method, backbone)
         train = lambda jobs: _local_updates(jobs, method, clients)  # noqa: E731
-    evaluate = Evaluator(spec, data, method, backbone, eval_sets)
+    evaluator = Evaluator(spec, data, method, backbone, eval_sets)
+    evaluate = evaluator if evaluate_on is None else lambda *state: evaluate_on(evaluator, *state)
     state = method.global_state()
     rules, options = server_rules(method, spec)
     rule_states: dict[str, dict] = {}
@@ -634,3 +678,29 @@ def metrics_gap(a: dict[str, float], b: dict[str, float]) -> float:
     """The largest absolute difference over the metrics both report (0.0: identical)."""
     shared = sorted(set(a) & set(b))
     return max((abs(a[k] - b[k]) for k in shared), default=float("nan"))
+
+
+def in_fresh_process(script: str, argv: list[str] | None, *arm: object) -> dict:
+    """One run of an arm in a Python process of its own, as a user runs one job: `script` called again with its own
+    arguments and `--run-arm *arm OUT`, its figures read back from OUT. A driver that connected to an earlier, since
+    stopped Ray head takes about 16 s in every later `ray.shutdown` (measured), which would charge one arm for
+    another's."""
+    with tempfile.TemporaryDirectory() as scratch:
+        out = Path(scratch) / "arm.json"
+        command = [sys.executable, script, *(sys.argv[1:] if argv is None else argv),
+                   "--run-arm", *map(str, arm), str(out)]
+        subprocess.run(command, check=True, timeout=3600)
+        return json.loads(out.read_text())
+
+
+def alternating_runs(script: str, argv: list[str] | None, arms: list[str], repeats: int, *workload: object) -> dict:
+    """Every arm run `repeats` times on one workload, each run in a fresh process (`in_fresh_process`), in
+    alternating order (forward, then backward), so that a drift in the machine's speed reaches every arm: each arm's
+    runs, in repeat order, with the load average each met."""
+    runs: dict[str, list[dict]] = {arm: [] for arm in arms}
+    for repeat in range(repeats):
+        for arm in arms if repeat % 2 == 0 else arms[::-1]:
+            load = os.getloadavg()[0]
+            runs[arm].append({**in_fresh_process(script, argv, arm, *workload), "load_average_before": round(load, 2)})
+            print(f"  {' '.join(map(str, workload))}, {arm}: {runs[arm][-1]['total_s']:.1f} s", flush=True)
+    return runs

@@ -16,7 +16,8 @@ Arms, each on 2 processes:
   fedvlp_warm         the same on a running cluster, borrowing a warm pool (overhead.py's warm arm)
   fedvlp_per_client   fedvlp_warm with a task per client (`resources.client_dispatch=per_client`: the old dispatch)
   bare                the same pieces with no Ray, MLflow or checkpoint: 2 worker processes train the cohort
-                      split as fedvlp splits it, this process aggregates and evaluates (overhead.py's bare arm)
+                      split as fedvlp splits it and score the evaluation as fedvlp's workers score it, this
+                      process aggregates (overhead.py's bare arm)
   flower_cached       Flower's Simulation Engine, 2 actors of 1 CPU, the client kept in the actor with its
                       model and every partition's cached features (overhead.py's flower_cached arm)
   pfl                 pfl-research's own simulator and FedAvg on 2 processes, the same module, cohorts, local
@@ -42,9 +43,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import os
 import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
@@ -117,26 +116,9 @@ def main(argv: list[str] | None = None) -> None:
         arms.remove("flower_cached")
     for per_round in args.per_round:
         overhead.warm_feature_cache(common.bench_spec("quickstart", workload(args, per_round), args.tiny))
-        runs: dict[str, list[dict]] = {arm: [] for arm in arms}
-        for repeat in range(args.repeats):  # alternating order: a drift in the machine's speed reaches every arm
-            for arm in arms if repeat % 2 == 0 else arms[::-1]:
-                load = os.getloadavg()[0]
-                runs[arm].append({**in_fresh_process(arm, per_round, argv), "load_average_before": round(load, 2)})
-                print(f"  {per_round} per round, {arm}: {runs[arm][-1]['total_s']:.1f} s", flush=True)
+        runs = common.alternating_runs(__file__, argv, arms, args.repeats, per_round)
         figures["runs"][f"{per_round}_per_round"] = report(runs, per_round, args)
     common.write_results("cross_device", figures, args)
-
-
-def in_fresh_process(arm: str, per_round: int, argv: list[str] | None) -> dict:
-    """One run of an arm in a Python process of its own, as a user runs one job: a driver that connected to an
-    earlier, since stopped Ray head takes about 16 s in every later `ray.shutdown` (measured), which would charge
-    one arm for another's."""
-    with tempfile.TemporaryDirectory() as scratch:
-        out = Path(scratch) / "arm.json"
-        command = [sys.executable, __file__, *(sys.argv[1:] if argv is None else argv),
-                   "--run-arm", arm, str(per_round), str(out)]
-        subprocess.run(command, check=True, timeout=3600)
-        return json.loads(out.read_text())
 
 
 def run_arm(arm: str, args, per_round: int) -> dict:

@@ -20,8 +20,9 @@ fedvlp as users run it, and lets the bare loop be checked against all of its met
                timed); the timed run attaches (RAY_ADDRESS) and borrows them (`resources.keep_warm_s`).
   (b) bare     `_common.run_bare(spec, processes=2)`: the same pieces without Ray, MLflow or checkpoints;
                each round's cohort is split over 2 worker processes (spawned at start-up, one torch
-               thread each, as fedvlp's 2 workers) as fedvlp splits it (`balance_cohort`), this process
-               evaluates and aggregates: the same
+               thread each, as fedvlp's 2 workers) as fedvlp splits it (`balance_cohort`), and the same processes
+               score the evaluation as fedvlp's workers do (blocks dealt round-robin, each client's local sets on
+               its home process); this process aggregates and computes the metrics: the same
                features (fedvlp's disk cache), cohorts, per-(round, client) generators, local updates and
                FedAvg. It should reach (a)'s final metrics exactly; the script prints whether it does.
   (c) flower   Flower's Simulation Engine (`flwr.simulation.run_simulation`, Ray backend, 2 actors of
@@ -59,7 +60,9 @@ to read the same ones: the script fills fedvlp's feature cache before timing any
 
 With --repeats R every arm runs R times per length, in alternating order (forward, then backward), and reports
 its run of median total time: on a machine whose speed drifts (this project's 2 cores vary by 20-30 % from one
-minute to the next) that keeps the ratios from resting on which arm ran in a fast minute.
+minute to the next) that keeps the ratios from resting on which arm ran in a fast minute. Every run starts in a
+fresh Python process, as a user's job does (a driver that met an earlier Ray head is slow in each later
+`ray.shutdown`, which would charge one arm for another's); close targets need --repeats 3 or more.
 
 Run: python benchmarks/overhead.py [--methods promptfl fedmpt] [--arms fedvlp fedvlp_warm bare flower flower_cached]
      [--clients 50] [--participation 0.2] [--rounds 20 200] [--workers 2] [--repeats 1]
@@ -75,6 +78,7 @@ import logging
 import os
 import time
 from collections import defaultdict
+from pathlib import Path
 
 import _common as common
 import numpy as np
@@ -418,6 +422,10 @@ def _startup_phases(fedvlp: dict) -> float:
     return sum(phases.get(k, 0.0) for k in common.STARTUP_PHASES) + phases.get("evaluation", 0.0) / 2
 
 
+RUNNERS = {"fedvlp": run_fedvlp, "fedvlp_warm": run_fedvlp_warm, "bare": run_bare, "flower": run_flower,
+           "flower_cached": lambda spec: run_flower(spec, cached=True)}
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--methods", nargs="+", choices=sorted(CONFIGS), default=["promptfl", "fedmpt"])
@@ -429,11 +437,17 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--workers", type=int, default=2, help="fedvlp workers = bare-loop processes = Flower actors")
     parser.add_argument("--repeats", type=int, default=1,
                         help="runs of every arm, in alternating order; each arm reports its run of median total time")
+    parser.add_argument("--run-arm", nargs=4, metavar=("ARM", "METHOD", "ROUNDS", "OUT"), help=argparse.SUPPRESS)
     args = common.parse_args(parser, argv, __file__,
                              tiny={"methods": ["promptfl"], "clients": 4, "participation": 0.5, "rounds": [2]})
+    if args.run_arm:
+        arm, method, rounds, out = args.run_arm
+        args.rounds = int(rounds)
+        Path(out).write_text(json.dumps(RUNNERS[arm](workload_spec(method, args))))
+        return
     arms = list(args.arms)
     figures = {"machine": common.machine(), "clients": args.clients, "participation": args.participation,
-               "rounds": args.rounds, "workers": args.workers, "repeats": args.repeats,
+               "rounds": args.rounds, "workers": args.workers, "repeats": args.repeats, "fresh_process_per_run": True,
                "evaluation": "rounds 0 and last: val, test, the clients' local test sets", "skipped": {},
                "methods": {}}
     if any(arm in FLOWER_ARMS for arm in arms) and not flower_available():
@@ -441,20 +455,13 @@ def main(argv: list[str] | None = None) -> None:
         figures["skipped"] = {arm: "flwr is not installed" for arm in arms if arm in FLOWER_ARMS}
         arms = [arm for arm in arms if arm not in FLOWER_ARMS]
 
-    runners = {"fedvlp": run_fedvlp, "fedvlp_warm": run_fedvlp_warm, "bare": run_bare, "flower": run_flower,
-               "flower_cached": lambda spec: run_flower(spec, cached=True)}
     lengths = list(args.rounds)
     for method in args.methods:
         for rounds in lengths:
             args.rounds = rounds
             spec = workload_spec(method, args)
             warm_feature_cache(spec)
-            runs: dict[str, list[dict]] = {arm: [] for arm in arms}
-            for repeat in range(args.repeats):  # alternating order: a drift in the machine's speed reaches every arm
-                for arm in arms if repeat % 2 == 0 else arms[::-1]:
-                    load = os.getloadavg()[0]
-                    runs[arm].append({**runners[arm](spec), "load_average_before": round(load, 2)})
-                    print(f"  {method} {arm}, {rounds} rounds: {runs[arm][-1]['total_s']:.1f} s", flush=True)
+            runs = common.alternating_runs(__file__, argv, arms, args.repeats, method, rounds)
             results = {arm: median_run(arm_runs) for arm, arm_runs in runs.items()}
             if args.repeats > 1:
                 print("  totals over the repeats (s): " + "; ".join(

@@ -20,7 +20,7 @@ measured alone in a fresh process:
   - `ray.init` of a private local Ray (GCS, raylet, agents), with its daemons' CPU;
   - a client worker: its imports (torch, open_clip, the methods) and the tiny CLIP;
   - the coordinator: its imports (torch, Ray, the server rules and client-state store it loads).
-Run: python benchmarks/startup.py [--runs 3]   (~3 min on 2 quiet cores)
+Run: python benchmarks/startup.py [--runs 5]   (~5 min on 2 quiet cores)
 Writes benchmarks/results/startup.json.
 """
 from __future__ import annotations
@@ -36,7 +36,8 @@ import time
 import _common as common
 
 TARGET_S = 10.0  # cold start-up from the shell on 2 quiet cores, warm caches
-TARGET_WARM_S = 3.0  # start-up on a running cluster with a warm pool, from the shell
+TARGET_WARM_S = 2.0  # start-up on a running cluster with a warm pool, from the shell: the median of the runs
+CEILING_WARM_S = 2.5  # ... and every run
 ALONE = {
     "driver imports": "import fedvlp.cli, fedvlp.platform.engine, mlflow",
     "client worker": ("import fedvlp.platform.worker as w; from fedvlp.config import load_spec; "
@@ -116,12 +117,13 @@ def warm_case(tiny: bool, runs: int, cores: int) -> dict:
             "shell_to_round_1_start_s": round(statistics.median(s for _, s, _ in shell), 2),
             "wall_s": round(statistics.median(w for w, _ in in_process), 2),
             "cpu_s": round(statistics.median(c for _, c in in_process), 2), "cpu_counts_cluster": True,
-            "logged_startup_s": {k: round(v, 2) for k, v in phases.items()}, "target_s": TARGET_WARM_S}
+            "logged_startup_s": {k: round(v, 2) for k, v in phases.items()}, "target_s": TARGET_WARM_S,
+            "ceiling_s": CEILING_WARM_S}
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--runs", type=int, default=3, help="quickstart runs (the median is reported)")
+    parser.add_argument("--runs", type=int, default=5, help="quickstart runs (the median is reported)")
     args = common.parse_args(parser, argv, __file__, tiny={"runs": 1})
     machine = common.machine()
     cores = os.cpu_count() or 1
@@ -144,8 +146,8 @@ def main(argv: list[str] | None = None) -> None:
           f"{cores} cores")
     print(f"on a running cluster (a head and its MLflow server) with a warm pool, `fedvlp run` from the shell to "
           f"round 1 (median of {args.runs}): "
-          f"{warm['shell_median_s']:.2f} s; target {TARGET_WARM_S} s, every run: "
-          + common.against_target(warm["shell_s"], TARGET_WARM_S)
+          f"{warm['shell_median_s']:.2f} s; target: median {TARGET_WARM_S} s, every run {CEILING_WARM_S} s: "
+          + common.against_median_target(warm["shell_s"], TARGET_WARM_S, CEILING_WARM_S)
           + f" (round 1 starts at {warm['shell_to_round_1_start_s']:.2f} s)"
           + f"; in this process {warm['wall_s']:.2f} s wall, {warm['cpu_s']:.2f} CPU s; logged by the engine: "
           + ", ".join(f"{k} {v:.2f}" for k, v in warm["logged_startup_s"].items()))
