@@ -415,7 +415,8 @@ def test_startup_at_tiny_size(results, ray_cluster):
     warm = r["warm"]  # the shell runs attached to a head started for the benchmark and borrowed its warm pool
     assert len(warm["shell_s"]) == 1 and 0 < warm["logged_startup_s"]["startup_seconds"] < warm["shell_median_s"]
     assert 0 < warm["shell_to_round_1_start_s"] < warm["shell_median_s"]  # round 0 printed before round 1
-    assert warm["logged_startup_s"]["startup_actors_seconds"] > 0 and warm["target_s"] == 3.0
+    assert warm["logged_startup_s"]["startup_actors_seconds"] > 0
+    assert (warm["target_s"], warm["ceiling_s"]) == (2.0, 2.5)  # a median of 2 s, no run over 2.5 s
     rendered("startup", r)
 
 
