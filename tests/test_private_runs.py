@@ -16,10 +16,10 @@ from test_faults import fault_in_round
 
 from fedvlp.config import load_spec
 from fedvlp.errors import ConfigError
-from fedvlp.platform import engine
-from fedvlp.platform.engine import run_federated
-from fedvlp.platform.privacy import epsilon
-from fedvlp.platform.secagg import SCALE, TOLERANCE
+from fedvlp.platform.aggregation.privacy import epsilon
+from fedvlp.platform.aggregation.secagg import SCALE, TOLERANCE
+from fedvlp.platform.runtime import engine
+from fedvlp.platform.runtime.engine import run_federated
 
 pytestmark = pytest.mark.usefixtures("tiny_clip")
 FAST = ("method.local_epochs=1", "resources.workers=1", "federation.participation=0.5")

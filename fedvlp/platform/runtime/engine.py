@@ -10,6 +10,8 @@ It reads like the flow of a round (docs/architecture.md, "The round flow"):
 Every evaluation scores the global model on val (what selection reads) and test, and each client's
 own model (global state plus its local state) on its local test set (`personal_*`, mean and spread
 over the clients).
+
+Where the actors go is `placement`'s, the frozen features `features`' and the scoring `evaluation`'s.
 """
 from __future__ import annotations
 
@@ -22,25 +24,34 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import ray
-from ray.util.placement_group import placement_group, remove_placement_group
+from ray.util.placement_group import remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from fedvlp.backbones import FEATURE_CHUNK, backbone_id, prepare_backbone
-from fedvlp.data import FederatedData, Split, prepare_data
-from fedvlp.data.feature_cache import FeatureCache, array_digest, feature_key
-from fedvlp.errors import ConfigError, ResourceError, RoundFailedError, first_line
+from fedvlp.backbones.loaders import prepare_backbone
+from fedvlp.data import prepare_data
+from fedvlp.errors import ConfigError, RoundFailedError, first_line
 from fedvlp.methods.declarations import Task
 from fedvlp.methods.registry import declaration
-from fedvlp.platform import warm
-from fedvlp.platform.checkpoint import decode, write_checkpoint
-from fedvlp.platform.clock import VirtualClock
-from fedvlp.platform.coordinator import Coordinator
-from fedvlp.platform.metrics import cooccurring_pairs, multilabel_metrics, single_label_metrics
-from fedvlp.platform.pool import WorkerPool, wait_all
-from fedvlp.platform.sampling import sample_cohort
-from fedvlp.platform.tracking import RunTracker
+from fedvlp.platform.metrics import cooccurring_pairs
+from fedvlp.platform.records.checkpoint import decode, write_checkpoint
+from fedvlp.platform.records.tracking import RunTracker
+from fedvlp.platform.runtime.clock import VirtualClock
+from fedvlp.platform.runtime.cohorts import sample_cohort
+from fedvlp.platform.runtime.coordinator import Coordinator
+from fedvlp.platform.runtime.evaluation import evaluate_models, headline, round_line
+from fedvlp.platform.runtime.features import attach_data
+from fedvlp.platform.runtime.placement import (
+    PARKED,
+    check_fits,
+    ensure_ray,
+    kill_actors,
+    local_gpus,
+    reserve,
+    return_loan,
+    take_parked,
+)
+from fedvlp.platform.runtime.pool import WorkerPool, wait_all
 
 
 @dataclass
@@ -59,12 +70,6 @@ class RunResult:
         """The global state after the last round, decoded from its checkpoint on first use (imports torch)."""
         assert self.checkpoint is not None
         return decode(self.checkpoint)["global"]
-
-
-# Inside a Tune trial, the actors of a finished run stay in the trial's placement group for the next run there
-# (Tune reuses the trial's process and placement group: `reuse_actors`): starting an actor costs seconds of
-# imports, resetting one a fraction of it. Placement group id -> (plugins, workers, coordinator).
-_PARKED: dict[str, tuple[tuple[str, ...], list, Any]] = {}
 
 
 def run_federated(spec, *, progress: bool = True, on_round=None, tags: dict | None = None,
@@ -110,13 +115,13 @@ def run_federated(spec, *, progress: bool = True, on_round=None, tags: dict | No
         from fedvlp.plugins import actor_runtime_env
 
         started_ray = ensure_ray(spec.plugins)
-        placement, bundle_offset, loan = _reserve(spec, started_ray)
+        placement, bundle_offset, loan = reserve(spec, started_ray)
         tic = phase("ray", tic)
         plugin_env = actor_runtime_env(spec.plugins)
         if loan is not None:  # a warm pool's actors, if it has any yet
             parked = (loan.workers, loan.coordinator) if loan.workers else None
         else:
-            parked = _take_parked(placement, spec) if bundle_offset else None
+            parked = take_parked(placement, spec) if bundle_offset else None
         lifetime = "detached" if loan is not None else None  # a warm pool's actors outlive this driver
         pool = WorkerPool(spec, task, placement, bundle_offset, runtime_env=plugin_env, lifetime=lifetime)
         if parked:
@@ -145,14 +150,14 @@ def run_federated(spec, *, progress: bool = True, on_round=None, tags: dict | No
         ray.get(coordinator.begin.remote(initial_state, method["rules"], method["rule_options"], privacy))
         clock = _virtual_clock(spec, data, method["state_nbytes"], resume)
         tic = phase("actors", tic)
-        cache_status = _attach_data(spec, data, pool, worker_info[0], say)
+        cache_status = attach_data(spec, data, pool, worker_info[0], say)
         tic = phase("features", tic)
         nodes = sorted({w["node_id"] for w in worker_info})
         actors = ("warm" if loan is not None else "reused") if parked else "new"
         tracker.set_tags({**cache_status, "nodes": ",".join(nodes), "actors": actors})
         say(f"fedvlp: {len(pool.actors)} workers ready on {len(nodes)} node(s); "
             f"{spec.federation.clients} clients, MLflow run {tracker.run_id}")
-        evaluate = lambda: _evaluate(pool, coordinator, data, task, cooccurring)  # noqa: E731
+        evaluate = lambda: evaluate_models(pool, coordinator, data, task, cooccurring)  # noqa: E731
         checkpoint = run_dir / "checkpoint.pt"
         tracker.set_tags({"checkpoint": str(checkpoint)})
 
@@ -166,7 +171,7 @@ def run_federated(spec, *, progress: bool = True, on_round=None, tags: dict | No
             initial = final = evaluate()
             tracker.log_metrics(0, {"startup_seconds": time.perf_counter() - started, **startup, **initial,
                                     "trainable_params": method["trainable_params"], **_privacy_metrics(privacy, 0)})
-            say(f"round 0/{spec.federation.rounds}  " + _headline(initial) + "  (before training)")
+            say(f"round 0/{spec.federation.rounds}  " + headline(initial) + "  (before training)")
         def checkpoint_call(final: dict):
             return coordinator.checkpoint.remote({"run_id": tracker.run_id, "initial": initial, "final": final,
                                                   "virtual_clock_seconds": clock.elapsed if clock else 0.0})
@@ -191,7 +196,7 @@ def run_federated(spec, *, progress: bool = True, on_round=None, tags: dict | No
             # The checkpoint is written once the round's metrics are sent, and the round's line printed after it: a run
             # killed at any moment resumes from a round MLflow has, and from the last round it printed.
             tracker.then(functools.partial(write_checkpoint, checkpoint, saved))
-            tracker.then(functools.partial(say, _round_line(round_index, spec.federation.rounds, metrics)))
+            tracker.then(functools.partial(say, round_line(round_index, spec.federation.rounds, metrics)))
             history.append({"round": round_index, **metrics, "timings": timings})
             if on_round is not None:  # the latest metrics every round, so schedulers always see them
                 tracker.flush()  # and the checkpoint on disk (a sweep's trial hands it to Tune)
@@ -224,43 +229,16 @@ def run_federated(spec, *, progress: bool = True, on_round=None, tags: dict | No
         raise
     finally:
         if loan is not None:  # a finished run gives the warm pool back; any other leaves nothing to reuse
-            _return(loan, placement, pool, coordinator, spec.resources.keep_warm_s if finished else None)
+            return_loan(loan, placement, pool, coordinator, spec.resources.keep_warm_s if finished else None)
         elif finished and bundle_offset and placement is not None and pool is not None:
             # a Tune trial's actors: the next run in its placement group resets them
-            _PARKED[placement.id.hex()] = (tuple(spec.plugins), pool.actors, coordinator)
+            PARKED[placement.id.hex()] = (tuple(spec.plugins), pool.actors, coordinator)
         else:
-            _kill(pool.actors if pool else [], coordinator)
+            kill_actors(pool.actors if pool else [], coordinator)
         if placement is not None and bundle_offset == 0 and loan is None and ray.is_initialized():
             remove_placement_group(placement)
         if started_ray:
             ray.shutdown()
-
-
-def _take_parked(placement, spec) -> tuple[list, Any] | None:
-    """(workers, coordinator) a finished run left in this placement group, if they serve `spec` (the same
-    plugins); otherwise they are killed and new ones start."""
-    parked = _PARKED.pop(placement.id.hex(), None)
-    if parked is None:
-        return None
-    plugins, workers, coordinator = parked
-    if plugins == tuple(spec.plugins) and len(workers) == spec.resources.workers:
-        return workers, coordinator
-    _kill(workers, coordinator)
-    return None
-
-
-def _return(loan: warm.Loan, placement, pool: WorkerPool | None, coordinator, keep_s: float | None) -> None:
-    """Give a warm pool back for `keep_s` seconds, or (None: the run did not finish) remove its actors."""
-    if keep_s is not None and pool is not None and coordinator is not None:
-        call = loan.keeper.give_back.remote(placement, pool.actors, coordinator, keep_s)
-    else:
-        call = loan.keeper.discard.remote(placement)
-    ray.wait([call], timeout=2)  # delivered before this driver may exit, without holding its exit up
-
-
-def _kill(workers: list, coordinator) -> None:
-    for actor in [*workers, *([coordinator] if coordinator is not None else [])]:
-        ray.kill(actor)
 
 
 def _open_tracker(spec, tags: dict | None, resume: dict | None, startup: dict[str, float]):
@@ -423,13 +401,13 @@ def _privacy(spec) -> dict:
     """What the coordinator and workers need of `privacy.*`: the clip norm, the noise multiplier (computed from
     target_epsilon for the run's rounds and cohorts; that takes a few seconds), secure aggregation, and what the
     per-round epsilon is computed from. The weights of the masked sum come with the method (`_weighting`)."""
-    from fedvlp.platform.sampling import cohort_size
+    from fedvlp.platform.runtime.cohorts import cohort_size
 
     p, fed = spec.privacy, spec.federation
     sigma = p.noise_multiplier
     cohort = cohort_size(fed.clients, fed.participation)
     if p.target_epsilon is not None:
-        from fedvlp.platform.privacy import noise_for_epsilon
+        from fedvlp.platform.aggregation.privacy import noise_for_epsilon
 
         try:
             sigma = noise_for_epsilon(p.target_epsilon, fed.clients, cohort, fed.rounds, p.delta)
@@ -452,7 +430,7 @@ def _privacy_metrics(privacy: dict, round_index: int) -> dict[str, float]:
     """The noise multiplier, and the epsilon spent after `round_index` rounds (Google's RDP accountant)."""
     if privacy["noise_multiplier"] is None:
         return {}
-    from fedvlp.platform.privacy import epsilon
+    from fedvlp.platform.aggregation.privacy import epsilon
 
     clients, cohort, delta = privacy["accounting"]
     spent = epsilon(privacy["noise_multiplier"], clients, cohort, round_index, delta) if round_index else 0.0
@@ -469,213 +447,3 @@ def _virtual_clock(spec, data, state_nbytes: int, resume: dict | None) -> Virtua
     return VirtualClock(spec.federation.virtual_clock, spec.seed, [len(p) for p in data.parts],
                         getattr(spec.method.params, "local_epochs", 0), state_nbytes,
                         elapsed=resume.get("virtual_clock_seconds", 0.0) if resume else 0.0)
-
-
-# ---------------------------------------------------------------- placement
-
-def ensure_ray(plugins=()) -> bool:
-    """Connect to the cluster in RAY_ADDRESS, or start a private local one (no dashboard); True if started here.
-
-    The job's runtime environment ships the `plugins` that are not installed on the nodes, to every actor
-    and Tune trial of the job; in a Ray the caller initialised, `run_federated` ships them to its own actors
-    (`fedvlp.plugins.actor_runtime_env`)."""
-    from fedvlp.plugins import runtime_env
-
-    if ray.is_initialized():
-        return False
-    quiet = os.environ.get("FEDVLP_RAY_LOGS") != "1"
-    common: dict[str, Any] = {"log_to_driver": not quiet, "logging_level": "ERROR" if quiet else "INFO",
-                              "runtime_env": runtime_env(plugins)}
-    if os.environ.get("RAY_ADDRESS"):
-        ray.init(address=os.environ["RAY_ADDRESS"], **common)
-    else:
-        # address="local": never attach to a stray cluster left by `ray start` on this machine
-        ray.init(address="local", num_cpus=os.cpu_count() or 1, num_gpus=local_gpus(),
-                 include_dashboard=False, **common)
-    return True
-
-
-def local_gpus() -> int:
-    """The GPUs of this machine as Ray detects them (CUDA_VISIBLE_DEVICES, else NVML), without importing torch."""
-    from ray._private.accelerators import get_accelerator_manager_for_resource
-
-    manager = get_accelerator_manager_for_resource("GPU")
-    return manager.get_current_node_num_accelerators() if manager is not None else 0
-
-
-def _worker_bundle(resources) -> dict[str, float]:
-    bundle = {"CPU": resources.num_cpus}
-    if resources.num_gpus > 0:
-        bundle["GPU"] = resources.num_gpus
-    return bundle
-
-
-def run_bundles(spec) -> list[dict[str, float]]:
-    """The run's resources: one coordinator bundle, then one bundle per worker."""
-    return [{"CPU": spec.resources.coordinator_cpus}] + [_worker_bundle(spec.resources)] * spec.resources.workers
-
-
-def check_fits(spec, totals: dict[str, float], where: str) -> None:
-    """Fail with the numbers if the run's bundles need more CPUs or GPUs than `totals` holds."""
-    for resource in ("CPU", "GPU"):
-        need = sum(b.get(resource, 0) for b in run_bundles(spec))
-        if need > totals.get(resource, 0) + 1e-9:
-            raise ResourceError(
-                f"resources: the run needs {need:g} {resource} (coordinator {spec.resources.coordinator_cpus:g} CPU + "
-                f"{spec.resources.workers} workers x {_worker_bundle(spec.resources)}) but {where} has "
-                f"{totals.get(resource, 0):g}; lower resources.workers, num_cpus or num_gpus"
-            )
-
-
-def _reserve(spec, started_ray: bool):
-    """(placement group, index of its first run bundle, warm pool loan): the Tune trial's group; a warm pool's,
-    borrowed on a running cluster (`fedvlp.platform.warm`); or one reserved here."""
-    current = ray.util.get_current_placement_group()
-    if current is not None:  # inside a Tune trial: bundle 0 is the trainable's own
-        return current, 1, None
-    loan = warm.borrow(spec) if warm.enabled(spec, started_ray) else None
-    if loan is not None and loan.placement is not None:
-        return loan.placement, 0, loan
-    bundles = run_bundles(spec)
-    check_fits(spec, ray.cluster_resources(), "the cluster")
-    if os.environ.get("RAY_ADDRESS") and not _fits(bundles, ray.available_resources()):
-        warm.give_way(spec)  # idle pools of other shapes hold what this run needs
-    group = placement_group(bundles, strategy="PACK", lifetime="detached" if loan is not None else None)
-    ready, _ = ray.wait([group.ready()], timeout=spec.resources.placement_timeout_s)
-    if not ready:
-        remove_placement_group(group)
-        if loan is not None:
-            ray.get(loan.keeper.discard.remote())
-        raise ResourceError(
-            f"resources: could not place {len(bundles)} bundles {bundles[:2]}... within "
-            f"{spec.resources.placement_timeout_s:g} s (available now: {ray.available_resources()})"
-        )
-    return group, 0, loan
-
-
-def _fits(bundles: list[dict[str, float]], available: dict[str, float]) -> bool:
-    return all(sum(b.get(r, 0) for b in bundles) <= available.get(r, 0) + 1e-9 for r in ("CPU", "GPU"))
-
-
-def _feature_sets(data: FederatedData, feature_kind: str) -> list[tuple[str, Split, np.ndarray | None]]:
-    """What the workers encode: (name, split, missing table). The training split, the held-out pool of the
-    clients' local test sets, val and test; for image+text methods val under the training setting, and the
-    test split once per evaluation set ("test" is the training setting, then "test_full", "test_miss_image", ...);
-    and a dataset's shifted split where it has one ("shift")."""
-    dataset = data.dataset
-    if feature_kind != "embeddings":
-        named = [("train", dataset.train), ("holdout", data.holdout), ("val", data.val), ("test", dataset.test),
-                 ("shift", dataset.shift)]
-        return [(name, split, None) for name, split in named if split is not None]
-    assert data.eval_missing is not None  # image+text data always has its evaluation tables
-    return [("train", dataset.train, data.train_missing), ("holdout", data.holdout, data.holdout_missing),
-            ("val", data.val, data.val_missing)] + [
-        (_eval_set_name(name), dataset.test, table) for name, table in data.eval_missing.items()]
-
-
-def _eval_set_name(name: str) -> str:
-    """The test set under the training setting is "test"; the six fixed sets are "test_<name>"."""
-    return "test" if name == "train_setting" else f"test_{name}"
-
-
-def _frozen_features(spec, data, workers: list, worker: dict, say) -> tuple[dict[str, np.ndarray], dict[str, str]]:
-    """Frozen features of every set to encode: from the on-disk cache, else encoded by the workers in parallel.
-
-    Samples are encoded in fixed chunks, so a feature never depends on which worker computed it.
-    """
-    cache = FeatureCache() if spec.data.feature_cache else None
-    out, status = {}, {}
-    for name, split, table in _feature_sets(data, worker["feature_kind"]):
-        if not len(split):  # an empty held-out pool: no local test sets
-            out[name] = np.zeros((0,), np.float16)
-            continue
-        parts = {"backbone": backbone_id(spec), "dataset": data.dataset.name, "split": name.split("_")[0],
-                 "images": split.images.cache_key(), "transform": worker["transform"], "kind": worker["feature_kind"]}
-        if table is not None:  # image+text inputs: the exact texts and missing pattern too
-            parts.update(texts=array_digest(np.array(split.texts)), missing=array_digest(table))
-        key = feature_key(**parts)
-        features = cache.get(key) if cache is not None else None
-        status[f"feature_cache.{name}"] = "off" if cache is None else ("hit" if features is not None else "miss")
-        if features is None:
-            source = ray.put((split.images, split.texts, table))
-            chunks = [(s, min(s + FEATURE_CHUNK, len(split))) for s in range(0, len(split), FEATURE_CHUNK)]
-            refs = [w.encode.remote(source, chunks[i :: len(workers)]) for i, w in enumerate(workers)]
-            blocks = [b for per_worker in wait_all(refs, f"encoding {name} features", spec.resources.startup_timeout_s,
-                                                "resources.startup_timeout_s") for b in per_worker]
-            features = np.concatenate([f for _, f in sorted(blocks, key=lambda b: b[0])])
-            if cache is not None:
-                cache.put(key, features, parts)
-                say(f"fedvlp: cached {name} features {features.shape} in {cache.root}")
-        out[name] = np.asarray(features)
-    return out, status
-
-
-def _attach_data(spec, data, pool: WorkerPool, worker: dict, say) -> dict[str, str]:
-    """Give every worker its clients' training data and local test sets, and its share of the evaluation blocks."""
-    features, cache_status = _frozen_features(spec, data, pool.actors, worker, say)
-    dataset = data.dataset
-    train_ref = ray.put((features.pop("train"), data.train_labels, data.train_missing))
-    holdout_ref = ray.put((features.pop("holdout"), data.holdout.labels, data.holdout_missing))
-    missing = {"val": data.val_missing, **{_eval_set_name(n): t for n, t in (data.eval_missing or {}).items()}}
-    eval_ref = ray.put({name: (f, missing.get(name)) for name, f in features.items()})
-    pool.attach(train_ref, holdout_ref, data.parts, {"personal": data.local_tests, "personal_val": data.local_vals},
-                eval_ref,
-                max(len(data.val), len(dataset.test), len(dataset.shift or ())))
-    return cache_status
-
-
-# ---------------------------------------------------------------- evaluation and output
-
-def _scores(task, logits: np.ndarray, labels: np.ndarray, cooccurring=None) -> dict[str, float]:
-    if task.multilabel:
-        return multilabel_metrics(logits, labels, cooccurring=cooccurring)
-    return single_label_metrics(logits, labels)
-
-
-def _evaluate(pool: WorkerPool, coordinator, data, task, cooccurring) -> dict[str, float]:
-    """Score the global model on every evaluation set, sharded over the workers, and each client's model on its
-    local test set; the metrics are computed centrally.
-
-    Names: "<set>_<metric>" for the sets "val", "test", "shift" where the dataset has one ("shift_mAP",
-    "shift_hallucination_gap") and, on image+text data, the six fixed test sets ("test_full_accuracy",
-    "test_text_only_macro_f1", ...); "personal_<metric>" for the mean over the clients
-    of their own model on their local test set, and "personal_<metric>_std" for its spread over the clients;
-    "personal_val_<metric>" likewise on their local val sets (what a personalised method is tuned on).
-    """
-    state_ref = coordinator.global_state.remote()
-    per_worker = pool.evaluate(state_ref)
-    metrics = {}
-    for name in per_worker[0]:
-        blocks = sorted((b for scores in per_worker for b in scores[name]), key=lambda b: b[0])
-        logits = np.concatenate([scores for _, scores in blocks])
-        metrics.update({f"{name}_{k}": v for k, v in _scores(task, logits, data.labels_of(name), cooccurring).items()})
-    if pool.local_clients:
-        by_set = pool.evaluate_clients(state_ref, coordinator.client_states_of.remote(sorted(pool.local_clients)))
-        holdout = data.holdout.labels
-        for name, indices in (("personal", data.local_tests), ("personal_val", data.local_vals)):
-            metrics.update(personal_metrics([_scores(task, logits, holdout[indices[cid]])
-                                             for cid, logits in sorted(by_set[name].items())], name))
-    return metrics
-
-
-def personal_metrics(per_client: list[dict[str, float]], prefix: str = "personal") -> dict[str, float]:
-    """`<prefix>_<metric>` and `<prefix>_<metric>_std`: the mean and spread over the clients of each metric of their
-    own models on one of their local sets (a metric no client could score is left out)."""
-    out = {}
-    for key in per_client[0] if per_client else []:
-        values = np.array([m[key] for m in per_client], dtype=np.float64)
-        if not np.isnan(values).all():
-            out[f"{prefix}_{key}"] = float(np.nanmean(values))
-            out[f"{prefix}_{key}_std"] = float(np.nanstd(values))
-    return out
-
-
-HEADLINE = ("val_mAP", "test_mAP", "personal_mAP", "val_accuracy", "test_accuracy", "personal_accuracy")
-
-
-def _headline(metrics: dict) -> str:
-    return "  ".join(f"{k.replace('_', ' ')} {metrics[k]:.4f}" for k in HEADLINE if k in metrics)
-
-
-def _round_line(round_index: int, rounds: int, m: dict) -> str:
-    return f"round {round_index}/{rounds}  loss {m['train_loss']:.4f}  {_headline(m)}  {m['round_seconds']:.1f} s"

@@ -58,7 +58,7 @@ class TuneSpec:
 def load_tune(config, budget: int, seeds=(0, 1), metric: str | None = None, mode: str = "max", asha: bool = False,
               max_concurrent: int = 1, overrides=(), storage: str | Path = "ray_results") -> TuneSpec:
     """Validate everything before Ray starts: the config, the method's ranges, the metric (val_* only), the budget."""
-    from fedvlp.platform.sweep import check_selection_metric
+    from fedvlp.platform.studies.spaces import check_selection_metric
 
     path = resolve_file(config, CONFIGS_DIR, "config")
     raw = apply_overrides(read_config(path), list(overrides))
@@ -81,9 +81,9 @@ def load_tune(config, budget: int, seeds=(0, 1), metric: str | None = None, mode
     if mode not in ("max", "min"):
         raise ConfigError(f"--mode: expected max or min, got {mode!r}")
     base.setdefault("tracking", {})
-    from fedvlp.platform.sweep import _absolute_uri
+    from fedvlp.platform.studies.spaces import absolute_uri
 
-    base["tracking"]["uri"] = _absolute_uri(base["tracking"].get("uri"))
+    base["tracking"]["uri"] = absolute_uri(base["tracking"].get("uri"))
     base["output_dir"] = str(Path(base.get("output_dir", "fedvlp-runs")).resolve())
     base["plugins"] = list(spec.plugins)  # a trial on another node does not see this process's $FEDVLP_PLUGINS
     return TuneSpec(path, raw, base, spec.method.name, ranges, budget, tuple(seeds), metric, mode, asha, max_concurrent,
@@ -119,7 +119,7 @@ def _trial(config: dict, tune_spec: TuneSpec, parent_run_id: str) -> None:
     metric as the objective, the last report the mean over seeds of the final val metric."""
     from ray import tune
 
-    from fedvlp.platform.engine import run_federated
+    from fedvlp.platform.runtime.engine import run_federated
 
     values = {k: (int(v) if tune_spec.ranges[k].kind == "int" else v) for k, v in config.items()}
     trial_id = tune.get_context().get_trial_id()
@@ -150,9 +150,9 @@ def run_tune(tune_spec: TuneSpec, out: str | Path | None = None, progress: bool 
     from ray.tune.search import ConcurrencyLimiter
     from ray.tune.search.optuna import OptunaSearch
 
-    from fedvlp.platform.engine import ensure_ray, run_bundles
-    from fedvlp.platform.sweep import check_selection_metric
-    from fedvlp.platform.tracking import open_experiment
+    from fedvlp.platform.records.tracking import open_experiment
+    from fedvlp.platform.runtime.placement import ensure_ray, run_bundles
+    from fedvlp.platform.studies.spaces import check_selection_metric
     from fedvlp.seeding import numpy_rng
 
     check_selection_metric(tune_spec.metric, "--metric")  # what the search algorithm, ASHA and the best trial read
