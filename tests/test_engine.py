@@ -46,7 +46,7 @@ def test_promptfl_learns_and_mlflow_holds_the_run(ray_cluster, tracking_uri, tmp
         assert _steps(client, run.info.run_id, metric) == [0, 2, 3]  # eval_every=2, and after the last round
     for metric in ("train_loss", "round_seconds", "bytes_up", "bytes_down"):
         assert _steps(client, run.info.run_id, metric) == [1, 2, 3]
-    for phase in ("data", "backbone", "mlflow", "ray", "actors", "features"):
+    for phase in ("data", "backbone", "mlflow", "ray", "actors", "features", "evaluation", "tracking_wait"):
         assert _steps(client, run.info.run_id, f"startup_{phase}_seconds") == [0]
     # each worker's peak memory (its process's resident set here; its GPU allocations on a GPU), logged once
     assert [w["device"] for w in result.workers] == ["cpu"] * spec.resources.workers

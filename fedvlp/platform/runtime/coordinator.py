@@ -12,6 +12,7 @@ DP is on.
 """
 from __future__ import annotations
 
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import ray
@@ -29,7 +30,7 @@ class Coordinator:
 
     The driver imports this module for the actor class only: what needs torch is imported in the methods."""
 
-    def __init__(self, seed: int, client_store: tuple[str, int], checkpoint: bytes | None = None,
+    def __init__(self, seed: int, client_store: tuple[str | None, int], checkpoint: bytes | None = None,
                  plugins: tuple[str, ...] = ()):
         from fedvlp.platform.records import checkpoint as checkpoints
         from fedvlp.platform.runtime.client_states import ClientStateStore
@@ -51,6 +52,10 @@ class Coordinator:
         from fedvlp.seeding import reset_reused_actor
 
         reset_reused_actor(self, *init_args)
+
+    def spill_to(self, spill_dir: str) -> None:
+        """Where client states past the memory budget go: the run's folder, named once its MLflow run is open."""
+        self.client_states.spill_dir = Path(spill_dir)
 
     def begin(self, state: dict[str, torch.Tensor], rules: dict[str, str], rule_options: dict,
               privacy: dict | None = None) -> None:

@@ -4,7 +4,8 @@ It reads like the flow of a round (docs/architecture.md, "The round flow"):
 
     prepare (dataset, partition, backbone weights)                   -- all bad input fails here
     place the Coordinator and P ClientWorkers (MLflow opens meanwhile) -- or fail within the timeout
-    the workers build the method: its initial state goes to the coordinator
+    the workers build the method: its initial state goes to the coordinator; round 0 is evaluated
+    the MLflow run is open: its id names the run's folder; round 0 is logged
     for round r: cohort -> broadcast global state -> local updates -> aggregate -> evaluate -> log
 
 Every evaluation scores the global model on val (what selection reads) and test, and each client's
@@ -124,21 +125,20 @@ def run_federated(spec, *, progress: bool = True, on_round=None, tags: dict | No
             parked = take_parked(placement, spec) if bundle_offset else None
         lifetime = "detached" if loan is not None else None  # a warm pool's actors outlive this driver
         pool = WorkerPool(spec, task, placement, bundle_offset, runtime_env=plugin_env, lifetime=lifetime)
-        if parked:
-            pool.reuse(parked[0])  # while the MLflow run opens
-        tracker = opening.result()
-        pool.name = f"fedvlp-{tracker.run_id}"
-        run_dir = Path(spec.output_dir).resolve() / tracker.run_id  # checkpoint and spilled client states
-        coordinator_args = (spec.seed,
-                            (str(run_dir / "client_states"), int(spec.resources.client_state_memory_mb * 2**20)),
+        # a new run's folder is named by its MLflow run: the coordinator learns it once the run is open (below)
+        spill_dir = str(_run_dir(spec, resume["run_id"]) / "client_states") if resume else None
+        coordinator_args = (spec.seed, (spill_dir, int(spec.resources.client_state_memory_mb * 2**20)),
                             resume["data"] if resume else None, tuple(spec.plugins))
-        if parked:
+        if parked:  # reset while the MLflow run opens: a warm start waits for it only to log round 0
             coordinator = parked[1]
-            ray.get(coordinator.reset.remote(*coordinator_args))
-        else:
+            coordinator_reset = coordinator.reset.remote(*coordinator_args)
+            pool.reuse(parked[0])
+            ray.get(coordinator_reset)
+        else:  # new actors are named by the run (`ray list actors`)
+            pool.name = f"fedvlp-{opening.result().run_id}"
             pool.start()
             coordinator = Coordinator.options(  # type: ignore[attr-defined]  # a Ray actor class
-                num_cpus=spec.resources.coordinator_cpus, name=f"fedvlp-{tracker.run_id}-coordinator",
+                num_cpus=spec.resources.coordinator_cpus, name=f"{pool.name}-coordinator",
                 runtime_env=plugin_env, lifetime=lifetime,
                 scheduling_strategy=PlacementGroupSchedulingStrategy(placement,
                                                                      placement_group_bundle_index=bundle_offset),
@@ -152,14 +152,23 @@ def run_federated(spec, *, progress: bool = True, on_round=None, tags: dict | No
         tic = phase("actors", tic)
         cache_status = attach_data(spec, data, pool, worker_info[0], say)
         tic = phase("features", tic)
+        evaluate = lambda: evaluate_models(pool, coordinator, data, task, cooccurring)  # noqa: E731
+        if not resume:
+            initial = final = evaluate()  # round 0, while the MLflow run may still be opening
+            tic = phase("evaluation", tic)
+
+        # The MLflow run's id names the run's folder (its checkpoint and spilled client states) and its actors.
+        tracker = opening.result()
+        phase("tracking_wait", tic)
+        pool.name = f"fedvlp-{tracker.run_id}"
+        run_dir = _run_dir(spec, tracker.run_id)
+        coordinator.spill_to.remote(str(run_dir / "client_states"))  # before any aggregation: the actor's order
+        checkpoint = run_dir / "checkpoint.pt"
         nodes = sorted({w["node_id"] for w in worker_info})
         actors = ("warm" if loan is not None else "reused") if parked else "new"
-        tracker.set_tags({**cache_status, "nodes": ",".join(nodes), "actors": actors})
+        tracker.set_tags({**cache_status, "nodes": ",".join(nodes), "actors": actors, "checkpoint": str(checkpoint)})
         say(f"fedvlp: {len(pool.actors)} workers ready on {len(nodes)} node(s); "
             f"{spec.federation.clients} clients, MLflow run {tracker.run_id}")
-        evaluate = lambda: evaluate_models(pool, coordinator, data, task, cooccurring)  # noqa: E731
-        checkpoint = run_dir / "checkpoint.pt"
-        tracker.set_tags({"checkpoint": str(checkpoint)})
 
         # 3. Rounds: cohort -> broadcast -> local updates -> aggregate -> evaluate -> log -> checkpoint.
         saved = resume["data"] if resume else None
@@ -168,7 +177,6 @@ def run_federated(spec, *, progress: bool = True, on_round=None, tags: dict | No
             say(f"fedvlp: resuming after round {resume['round']}")
         else:
             first_round = 1
-            initial = final = evaluate()
             tracker.log_metrics(0, {"startup_seconds": time.perf_counter() - started, **startup, **initial,
                                     "trainable_params": method["trainable_params"], **_privacy_metrics(privacy, 0)})
             say(f"round 0/{spec.federation.rounds}  " + headline(initial) + "  (before training)")
@@ -239,6 +247,11 @@ def run_federated(spec, *, progress: bool = True, on_round=None, tags: dict | No
             remove_placement_group(placement)
         if started_ray:
             ray.shutdown()
+
+
+def _run_dir(spec, run_id: str) -> Path:
+    """The run's folder: its checkpoint and spilled client states."""
+    return Path(spec.output_dir).resolve() / run_id
 
 
 def _open_tracker(spec, tags: dict | None, resume: dict | None, startup: dict[str, float]):
