@@ -37,17 +37,17 @@ import numpy as np
 import psutil
 import torch
 
-from fedvlp.backbones import backbone_id, load_backbone, prepare_backbone
+from fedvlp.backbones.loaders import backbone_id, load_backbone, prepare_backbone
 from fedvlp.config import load_spec
 from fedvlp.data import prepare_data
 from fedvlp.data.feature_cache import FeatureCache, feature_key
 from fedvlp.methods.base import ClientData, Task
-from fedvlp.platform import engine, tracking
 from fedvlp.platform.aggregation import RuleInputs, apply_rule
 from fedvlp.platform.metrics import cooccurring_pairs
-from fedvlp.platform.pool import balance_cohort, client_costs
-from fedvlp.platform.sampling import sample_cohort
-from fedvlp.platform.worker import build_method, server_rules
+from fedvlp.platform.records import tracking
+from fedvlp.platform.runtime import engine, evaluation
+from fedvlp.platform.runtime.cohorts import balance_cohort, client_costs, sample_cohort
+from fedvlp.platform.runtime.worker import build_method, server_rules
 from fedvlp.seeding import torch_generator
 
 RESULTS = Path(__file__).resolve().parent / "results"  # the committed figures, which docs/performance.md renders
@@ -343,9 +343,9 @@ FEDVLP_PHASES = {
     (engine, "prepare_data"): "prepare (data, backbone, method)",
     (engine, "load_backbone"): "prepare (data, backbone, method)",
     (engine, "ensure_ray"): "ray.init",
-    (engine, "_reserve"): "placement group",
-    (engine, "_attach_data"): "features + attach client data",
-    (engine, "_evaluate"): "evaluation",
+    (engine, "reserve"): "placement group",
+    (engine, "attach_data"): "features + attach client data",
+    (engine, "evaluate_models"): "evaluation",
     (engine, "write_checkpoint"): "checkpoint",
     (tracking.RunTracker, "__init__"): "mlflow: open run",
     (tracking.RunTracker, "log_metrics"): "mlflow: log",
@@ -482,10 +482,10 @@ EVAL_SETS = ("val", "test", "shift", "personal")  # "shift" where the dataset ha
 
 
 class Evaluator:
-    """The engine's evaluation (`engine._evaluate`) in this process, under the engine's metric names: the global
-    model (`Method.load_global`) on each split of `sets` ("val", "test", "shift" where the dataset has one), scored
-    in blocks of EVAL_BLOCK as the workers score them, and for "personal" each client's model (the global state with
-    its own local state) on its local test set and on its local val set, the mean and spread over the clients."""
+    """The engine's evaluation (`evaluation.evaluate_models`) in this process, under the engine's metric names: the
+    global model (`Method.load_global`) on each split of `sets` ("val", "test", "shift" where the dataset has one),
+    scored in blocks of EVAL_BLOCK as the workers score them, and for "personal" each client's model (the global state
+    with its own local state) on its local test set and on its local val set, the mean and spread over the clients."""
 
     def __init__(self, spec, data, method, backbone, sets=EVAL_SETS):
         self.method, self.task = method, method.task
@@ -526,12 +526,12 @@ class Evaluator:
         for name, (_, labels) in self.splits.items():
             blocks = sorted((block for share in shares for block in share["blocks"][name]), key=lambda b: b[0])
             logits = np.concatenate([scores for _, scores in blocks])
-            metrics.update({f"{name}_{k}": v for k, v in engine._scores(self.task, logits, labels,
-                                                                          self.cooccurring).items()})
+            metrics.update({f"{name}_{k}": v for k, v in evaluation.scores(self.task, logits, labels,
+                                                                              self.cooccurring).items()})
         for name, sets in self.local_sets.items():
             logits = {cid: scores for share in shares for cid, scores in share["local"][name].items()}
-            metrics.update(engine.personal_metrics([engine._scores(self.task, logits[cid], labels)
-                                                    for cid, (_, labels) in sorted(sets.items())], name))
+            metrics.update(evaluation.personal_metrics([evaluation.scores(self.task, logits[cid], labels)
+                                                        for cid, (_, labels) in sorted(sets.items())], name))
         return metrics
 
 

@@ -7,7 +7,7 @@ system site):
 
 The work is fedvlp's: `_common.bench_spec("quickstart", --set ...)`, the PromptFL module `build_method` builds,
 every client's cached frozen features (`_common._client_data`), each round's cohort from
-`fedvlp.platform.sampling.sample_cohort`, a fresh Adam per client per round at `method.lr`, `local_epochs` epochs
+`fedvlp.platform.runtime.cohorts.sample_cohort`, a fresh Adam per client per round at `method.lr`, `local_epochs` epochs
 of ceil(n / batch_size) steps of the method's own loss (masked BCE), the server average weighted by sample
 counts, and `_common.Evaluator` on val and test before round 1 and after the last round.
 
@@ -60,7 +60,8 @@ PFL_REQUIREMENT = "pfl[pytorch]==0.6.0"  # pyproject.toml's `bench-pfl` extra
 # What the arm imports, fedvlp's benchmark stack (_common) included, and fedvlp's privacy accounting: it imports
 # dp_accounting on use, and the venv holds pfl's pin (<0.6), not the system's.
 VENV_CHECK = ("import sys; sys.path.insert(0, sys.argv[1]); import pfl, pfl.model.pytorch, torch, fedvlp, _common; "
-              "from fedvlp.platform import privacy; privacy._epsilon_of(privacy.dp_event(1.0, 100, 10, 5), 1e-5)")
+              "from fedvlp.platform.aggregation import privacy; "
+              "privacy._epsilon_of(privacy.dp_event(1.0, 100, 10, 5), 1e-5)")
 T0_ENV = "FEDVLP_PFL_T0"  # the launcher's start (time.time()), for the workers' start-up figure
 ROOT_ENV = "FEDVLP_PFL_ROOT"  # the launcher's pid: the root of the process tree whose CPU a round uses
 
@@ -136,11 +137,11 @@ def work(args) -> None:
     from pfl.model.pytorch import PyTorchModel
     from pfl.version import __version__ as pfl_version
 
-    from fedvlp.backbones import load_backbone, prepare_backbone
+    from fedvlp.backbones.loaders import load_backbone, prepare_backbone
     from fedvlp.data import prepare_data
     from fedvlp.methods.base import Task
-    from fedvlp.platform.sampling import cohort_size, sample_cohort
-    from fedvlp.platform.worker import build_method
+    from fedvlp.platform.runtime.cohorts import cohort_size, sample_cohort
+    from fedvlp.platform.runtime.worker import build_method
 
     # set on importing pfl.model.pytorch, which under torchrun joins the process group
     distributed = get_default_framework_module().distributed

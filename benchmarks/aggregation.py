@@ -31,7 +31,8 @@ import numpy as np
 import torch
 from scipy.optimize import linear_sum_assignment
 
-import fedvlp.platform.clustering as clustering
+import fedvlp.platform.aggregation.prompt_clustering as clustering
+from fedvlp.platform.aggregation.hungarian import hungarian_cluster
 
 PHASES = {  # module attribute -> phase name; each call is timed in place during the real run
     "linear_sum_assignment": "hungarian",
@@ -108,7 +109,7 @@ def timed_run(pools: list[torch.Tensor], outer_loops: int, seed: int) -> tuple[f
         states = [{"inter_pool.prompts": pool} for pool in pools]
         tic, cpu = time.perf_counter(), time.process_time()
         gen = torch.Generator().manual_seed(seed)
-        out = clustering.hungarian_cluster(states, [1] * len(pools), generator=gen, outer_loops=outer_loops)
+        out = hungarian_cluster(states, [1] * len(pools), generator=gen, outer_loops=outer_loops)
         total, cpu = time.perf_counter() - tic, time.process_time() - cpu
     finally:
         for name, fn in originals.items():

@@ -67,9 +67,9 @@ def drive(plan: dict, resume_run: str | None, argv: list[str], log: Path) -> Non
     import ray
 
     from fedvlp.config import load_spec
-    from fedvlp.platform.checkpoint import read_checkpoint
-    from fedvlp.platform.engine import run_federated
-    from fedvlp.platform.tracking import resumable_run
+    from fedvlp.platform.records.checkpoint import read_checkpoint
+    from fedvlp.platform.records.tracking import resumable_run
+    from fedvlp.platform.runtime.engine import run_federated
 
     faults = {int(r): f for r, f in plan["client_faults"].items()}
 
@@ -105,7 +105,7 @@ def soak(rounds: int, seed: int, root: Path) -> dict:
     from mlflow import MlflowClient
 
     from fedvlp.config import load_spec
-    from fedvlp.platform.engine import run_federated
+    from fedvlp.platform.runtime.engine import run_federated
 
     root.mkdir(parents=True, exist_ok=True)
     uri, log, plan = f"sqlite:///{root / 'mlflow.db'}", root / "faults.jsonl", fault_plan(rounds, seed)

@@ -21,7 +21,7 @@ from pathlib import Path
 import _common as common
 import torch
 
-from fedvlp.platform.client_states import ClientStateStore
+from fedvlp.platform.runtime.client_states import ClientStateStore
 
 TARGET_S = 0.2
 

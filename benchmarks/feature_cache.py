@@ -31,12 +31,12 @@ import _common as common
 import numpy as np
 import torch
 
-from fedvlp.backbones import load_backbone, prepare_backbone
+from fedvlp.backbones.loaders import load_backbone, prepare_backbone
 from fedvlp.data import prepare_data
 from fedvlp.data.feature_cache import FeatureCache
 from fedvlp.methods.base import ClientData, Task
-from fedvlp.platform.sampling import sample_cohort
-from fedvlp.platform.worker import build_method
+from fedvlp.platform.runtime.cohorts import sample_cohort
+from fedvlp.platform.runtime.worker import build_method
 from fedvlp.seeding import torch_generator
 
 TARGET_SPEEDUP = 5.0

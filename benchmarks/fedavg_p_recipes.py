@@ -21,14 +21,14 @@ import _common as common
 import numpy as np
 import torch
 
-from fedvlp.backbones import load_backbone, prepare_backbone
+from fedvlp.backbones.loaders import load_backbone, prepare_backbone
 from fedvlp.data.missing import FULL, apply_missing, client_missing_tables
 from fedvlp.data.partition import partition_dirichlet
 from fedvlp.data.recipes import generate_recipes
 from fedvlp.methods.base import ClientData, Task
 from fedvlp.platform.aggregation import weighted_average
 from fedvlp.platform.metrics import single_label_metrics
-from fedvlp.platform.worker import build_method
+from fedvlp.platform.runtime.worker import build_method
 from fedvlp.seeding import torch_generator
 
 

@@ -2,7 +2,7 @@
 
 FedOTP matches every image's patches to its two prompts, per class, by entropic partial OT at the reference's
 eps = 0.01, 100 iterations (`numerics.partial_transport`). The same iterations run on logsumexps of log u, log v
-(`_partial_transport_log`, float32: the kernel exp(-C/eps) underflows float32) or on u, v themselves in float64
+(`partial_transport_log`, float32: the kernel exp(-C/eps) underflows float32) or on u, v themselves in float64
 (two small batched matmuls per iteration). Both arms run in this process, alternating, on the shipped
 fedotp_scenes config's data as a ClientWorker holds it (`fedmpt_round.client_setup`), with the same threads:
 
@@ -26,12 +26,12 @@ import torch
 from fedmpt_round import client_setup, time_local_updates
 
 import fedvlp.methods.fedotp as fedotp
-from fedvlp.methods.numerics import _partial_transport_log, partial_transport
+from fedvlp.methods.numerics import partial_transport, partial_transport_log
 
 
 def log_domain(cost, a, b, epsilon, max_iter, tol):
     """The solver before: every iteration on log u and log v, in cost's dtype."""
-    return _partial_transport_log(-cost / epsilon, a, b, max_iter, tol)
+    return partial_transport_log(-cost / epsilon, a, b, max_iter, tol)
 
 
 ARMS = {"log domain": log_domain, "float64 scalings": partial_transport}

@@ -33,7 +33,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     import ray
 
-    from fedvlp.platform.engine import run_federated
+    from fedvlp.platform.runtime.engine import run_federated
 
     tic = time.perf_counter()
     ray.init(num_gpus=1, include_dashboard=False)

@@ -20,8 +20,7 @@ import _common as common
 from overhead import run_fedvlp, warm_feature_cache, workload_spec
 
 from fedvlp.data import prepare_data
-from fedvlp.platform.pool import balance_cohort, client_costs
-from fedvlp.platform.sampling import sample_cohort
+from fedvlp.platform.runtime.cohorts import balance_cohort, client_costs, sample_cohort
 
 ARMS = ("home", "balanced")
 

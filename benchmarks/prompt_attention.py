@@ -23,7 +23,7 @@ import numpy as np
 import torch
 from _common import bench_spec, machine, parse_args, write_results
 
-from fedvlp.backbones import load_backbone
+from fedvlp.backbones.loaders import load_backbone
 from fedvlp.backbones.vilt import additive_attention_mask
 from fedvlp.data import prepare_data
 from fedvlp.data.missing import apply_missing

@@ -20,7 +20,7 @@ import numpy as np
 from _common import machine, parse_args, write_results
 from recipes_world import readouts, run_arms
 
-from fedvlp.platform.report import interval
+from fedvlp.platform.studies.report import interval
 
 HEAD_ALONE = "Centralized, no prompts"
 SHIPPED_VAL = 500  # data.num_val of the recipes configs

@@ -16,7 +16,7 @@ import numpy as np
 from _common import machine, parse_args, write_results
 from recipes_world import ARMS, DIAGNOSTICS, readouts, run_arms
 
-from fedvlp.platform.report import interval
+from fedvlp.platform.studies.report import interval
 
 
 def spread(values: list[float]) -> dict[str, float]:

@@ -25,7 +25,7 @@ import time
 import numpy as np
 from _common import SCRATCH, bench_spec, machine, parse_args, write_results
 
-from fedvlp.platform.report import interval
+from fedvlp.platform.studies.report import interval
 
 PROMPT_GAIN = 0.05
 FEDERATION_COST = 0.05
@@ -50,7 +50,7 @@ def readouts(curve: dict[int, float]) -> dict[str, float]:
 
 def _run(config: str, overrides: list[str], tiny: bool) -> dict[int, float]:
     """One whole run in this process (its own local Ray and MLflow store): its val curve, round 0 included."""
-    from fedvlp.platform.engine import run_federated
+    from fedvlp.platform.runtime.engine import run_federated
 
     store = SCRATCH / f"recipes-world-{os.getpid()}.db"
     spec = bench_spec(config, [*overrides, f"tracking.uri=sqlite:///{store}", "resources.workers=1"], tiny)

@@ -122,7 +122,7 @@ def client_state_footprint(spec, clients: int) -> dict:
     figures, result = timed_run(spec)
     checkpoint_path = Path(spec.output_dir).resolve() / result.run_id / "checkpoint.pt"
     checkpoint = torch.load(checkpoint_path, weights_only=True)
-    from fedvlp.platform.client_states import ClientStateStore
+    from fedvlp.platform.runtime.client_states import ClientStateStore
 
     with tempfile.TemporaryDirectory() as spill_dir:  # the run's own store, restored from its checkpoint
         stored = ClientStateStore(spill_dir, 0, snapshot=checkpoint["clients"])
@@ -145,8 +145,8 @@ def client_state_footprint(spec, clients: int) -> dict:
 def filled_store(state: dict, clients: int, budget_bytes: int, checkpoint: dict, out_dir: Path) -> dict:
     """A ClientStateStore given `state` for every client, as the coordinator's is once all have taken part:
     what it holds, and what a round then costs it (its checkpoint, written into `out_dir`; the cohort's reads)."""
-    from fedvlp.platform.checkpoint import encode, write_checkpoint
-    from fedvlp.platform.client_states import ClientStateStore
+    from fedvlp.platform.records.checkpoint import encode, write_checkpoint
+    from fedvlp.platform.runtime.client_states import ClientStateStore
 
     out_dir.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=out_dir) as spill_dir:

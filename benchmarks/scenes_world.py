@@ -23,10 +23,10 @@ import time
 import numpy as np
 from _common import bench_spec, machine, parse_args, run_bare, torch_threads, write_results
 
-from fedvlp.backbones import load_backbone
+from fedvlp.backbones.loaders import load_backbone
 from fedvlp.backbones.pretrain_clip import zero_shot_maps
 from fedvlp.data.scenes import generate_scenes
-from fedvlp.platform.report import interval
+from fedvlp.platform.studies.report import interval
 
 ZERO_SHOT_RANGE = (0.45, 0.75)
 PATCH_RATIO = 0.9

@@ -21,7 +21,7 @@ import _common as common
 import psutil
 
 from fedvlp.config import load_spec
-from fedvlp.platform.engine import run_federated
+from fedvlp.platform.runtime.engine import run_federated
 
 MB = 1024 * 1024
 TARGET_MB = 50

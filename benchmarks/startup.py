@@ -39,13 +39,13 @@ TARGET_S = 10.0  # cold start-up from the shell on 2 quiet cores, warm caches
 TARGET_WARM_S = 2.0  # start-up on a running cluster with a warm pool, from the shell: the median of the runs
 CEILING_WARM_S = 2.5  # ... and every run
 ALONE = {
-    "driver imports": "import fedvlp.cli, fedvlp.platform.engine, mlflow",
-    "client worker": ("import fedvlp.platform.worker as w; from fedvlp.config import load_spec; "
+    "driver imports": "import fedvlp.cli, fedvlp.platform.runtime.engine, mlflow",
+    "client worker": ("import fedvlp.platform.runtime.worker as w; from fedvlp.config import load_spec; "
                       "from fedvlp.methods.base import Task; spec = load_spec('quickstart'); "
                       "task = Task([str(i) for i in range(10)], multilabel=True); "
                       "w.build_method(spec, w.load_backbone(spec), task)"),
-    "coordinator": ("import torch, fedvlp.platform.coordinator, fedvlp.platform.aggregation, "
-                    "fedvlp.platform.client_states"),
+    "coordinator": ("import torch, fedvlp.platform.runtime.coordinator, fedvlp.platform.aggregation, "
+                    "fedvlp.platform.runtime.client_states"),
     "ray.init": ("import ray, sys; sys.path.insert(0, {bench!r}); import _common as c; cpu = c.TreeCpu(); "
                  "ray.init(address='local', num_cpus=2, include_dashboard=False); print(cpu()); "
                  "ray.shutdown()"),

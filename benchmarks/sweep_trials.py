@@ -24,7 +24,7 @@ from pathlib import Path
 
 import _common as common
 
-from fedvlp.platform import sweep as sweeps
+from fedvlp.platform.studies import sweep as sweeps
 
 TARGET_S = 3.0
 
@@ -54,13 +54,13 @@ def timed_sweep(space: str, reuse: bool) -> tuple[dict, str, str]:
     class Both(Timing, type(progress(sweep.metric, sweep.mode, sweep.trial_count))):
         pass
 
-    tune_config = sweeps._tune_config
+    tune_config = sweeps.tune_config
     sweeps.sweep_progress = lambda metric, mode, total: Both()
-    sweeps._tune_config = lambda s: dataclasses.replace(tune_config(s), reuse_actors=reuse)
+    sweeps.tune_config = lambda s: dataclasses.replace(tune_config(s), reuse_actors=reuse)
     try:
         sweeps.run_sweep(sweep)
     finally:
-        sweeps.sweep_progress, sweeps._tune_config = progress, tune_config
+        sweeps.sweep_progress, sweeps.tune_config = progress, tune_config
     return {k: tuple(v) for k, v in spans.items() if len(v) == 2}, uri, sweep.experiment
 
 

@@ -205,7 +205,7 @@ def _list(args) -> None:
             tuned = ", ".join(f"{k} {r.describe()}" for k, r in tuning_ranges(cls.Params).items()) or "nothing to tune"
             print(f"{name:<14} {cls.backbone_kind:<5} {cls.feature_kind:<11} tunes: {tuned}")
     elif args.kind == "datasets":
-        from fedvlp.data.registry import datasets
+        from fedvlp.data.catalogue import datasets
 
         for name, reader in datasets().items():
             options = ", ".join(f.name for f in dataclasses.fields(reader.options)) if reader.options else "-"
@@ -229,12 +229,12 @@ def _list(args) -> None:
 def _list_state(target: str | None, overrides: list[str]) -> None:
     """The state keys of a method built as a run's workers build it: shape, size, what kind of tensor, global or
     local, and the server rule of each with the prefix (the method's or the config's) that chose it."""
-    from fedvlp.backbones import load_backbone
+    from fedvlp.backbones.loaders import load_backbone
     from fedvlp.config import CONFIGS_DIR, apply_overrides, build_spec, load_spec, resolve_file
     from fedvlp.data import load_dataset
     from fedvlp.methods import METHODS
     from fedvlp.methods.base import LOCAL, Task
-    from fedvlp.platform.worker import build_method, server_rules
+    from fedvlp.platform.runtime.worker import build_method, server_rules
 
     if target is not None and target in METHODS:
         backbone, data = TINY[METHODS[target].backbone_kind]
@@ -271,15 +271,15 @@ def _run(args) -> None:
 
     from fedvlp.config import DEFAULT_CONFIG, load_spec
     from fedvlp.paths import default_tracking_uri
-    from fedvlp.platform.tracking import check_tracking_store
+    from fedvlp.platform.records.tracking import check_tracking_store
 
     resume = None
     if args.resume:
-        from fedvlp.platform.tracking import resumable_run
+        from fedvlp.platform.records.tracking import resumable_run
 
         check_tracking_store(default_tracking_uri(), _tracking_source(None))
         spec, checkpoint_path = resumable_run(args.resume)
-        from fedvlp.platform.checkpoint import read_checkpoint
+        from fedvlp.platform.records.checkpoint import read_checkpoint
 
         resume = read_checkpoint(checkpoint_path)
     else:
@@ -295,7 +295,7 @@ def _run(args) -> None:
         return
     # Before the data, the backbone and the cluster: MLflow would retry an unreachable server for minutes.
     check_tracking_store(spec.tracking.uri or default_tracking_uri(), _tracking_source(spec.tracking.uri))
-    from fedvlp.platform.engine import run_federated
+    from fedvlp.platform.runtime.engine import run_federated
 
     result = run_federated(spec, progress=not args.quiet, resume=resume)
     print()
@@ -317,7 +317,7 @@ def _dashboard(uri: str, experiment: str, run_id: str | None = None, metric: str
     trials grouped by method (mean and range per round in the chart view)."""
     from mlflow import MlflowClient
 
-    from fedvlp.platform.tracking import save_ui_views, ui_command, ui_link
+    from fedvlp.platform.records.tracking import save_ui_views, ui_command, ui_link
 
     client = MlflowClient(tracking_uri=uri)
     try:
@@ -352,7 +352,8 @@ def format_table(initial: dict, final: dict, rounds: int) -> str:
 
 
 def _sweep(args) -> int:
-    from fedvlp.platform.sweep import load_sweep, run_sweep
+    from fedvlp.platform.studies.spaces import load_sweep
+    from fedvlp.platform.studies.sweep import run_sweep
 
     cuts = {"seeds": args.seeds, "methods": args.methods, "grids": args.values}
     if args.resume and any(v is not None for v in cuts.values()):
@@ -386,8 +387,8 @@ def _sweep(args) -> int:
 
 def _tune(args) -> None:
     from fedvlp.paths import default_tracking_uri
-    from fedvlp.platform.tracking import check_tracking_store
-    from fedvlp.platform.tune import load_tune, run_tune
+    from fedvlp.platform.records.tracking import check_tracking_store
+    from fedvlp.platform.studies.tune import load_tune, run_tune
 
     tune_spec = load_tune(args.config, args.budget, tuple(args.seeds), args.metric, asha=args.asha,
                           max_concurrent=args.concurrent, overrides=args.overrides)
@@ -398,8 +399,8 @@ def _tune(args) -> None:
 
 def _report(args) -> None:
     from fedvlp.paths import default_tracking_uri
-    from fedvlp.platform.report import make_report, write_pages
-    from fedvlp.platform.tracking import check_tracking_store
+    from fedvlp.platform.records.tracking import check_tracking_store
+    from fedvlp.platform.studies.report import make_report, write_pages
 
     if args.page:
         if args.experiment or args.metric or args.reference or args.change or args.out or args.tracking_uri:
@@ -429,7 +430,7 @@ def _selection_metric(uri: str, experiment: str) -> str:
     """The metric a sweep selected on (its parent run's tag)."""
     from mlflow import MlflowClient
 
-    from fedvlp.platform.report import find_sweep
+    from fedvlp.platform.studies.report import find_sweep
 
     return find_sweep(MlflowClient(tracking_uri=uri), experiment, uri)[1].data.tags.get("metric") or "val_mAP"
 
@@ -463,7 +464,7 @@ def _pretrain(args) -> None:
 
 
 def _submit(args: argparse.Namespace) -> int:
-    from fedvlp.platform.submit import submit
+    from fedvlp.platform.runtime.submit import submit
 
     return submit(args.fedvlp_command, address=args.address, results=args.results, wait=not args.no_wait)
 

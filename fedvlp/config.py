@@ -136,9 +136,9 @@ class ServerSpec:
 
 @dataclass(frozen=True)
 class PrivacySpec:
-    """Client-level differential privacy (DP-FedAvg) and simulated secure aggregation (fedvlp.platform.privacy,
-    fedvlp.platform.secagg): they apply to every parameter group a method averages; parameters kept on the
-    clients are untouched."""
+    """Client-level differential privacy (DP-FedAvg) and simulated secure aggregation
+    (fedvlp.platform.aggregation.privacy, fedvlp.platform.aggregation.secagg): they apply to every parameter group
+    a method averages; parameters kept on the clients are untouched."""
     noise_multiplier: float | None = spec_field(
         None, "DP-FedAvg: Gaussian noise sigma * clip_norm on the sum of the clipped client updates (null: no DP "
               "unless target_epsilon is set)", ge=0)
@@ -452,7 +452,7 @@ def _check_privacy(spec: RunSpec, method_cls) -> None:
 
 
 def _checked_data(data: DataSpec) -> DataSpec:
-    from fedvlp.data.registry import datasets
+    from fedvlp.data.catalogue import datasets
 
     reader = datasets().get(data.name)
     if reader.needs_root:
@@ -501,7 +501,7 @@ def _options(cls, raw, prefix: str):
 
 
 def _check_backbone(spec: RunSpec, kind: str) -> None:
-    from fedvlp.backbones import backbone_family
+    from fedvlp.backbones.loaders import backbone_family
 
     family = backbone_family(spec.backbone.name)
     if family != kind:

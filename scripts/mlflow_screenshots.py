@@ -48,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run(args) -> None:
-    from fedvlp.platform.tracking import save_ui_views
+    from fedvlp.platform.records.tracking import save_ui_views
 
     with tempfile.TemporaryDirectory(prefix="fedvlp-shots-") as tmp:
         uri = store_uri(args.store) if args.store else make_sweep(args.space, Path(tmp))
@@ -174,7 +174,7 @@ def check_pages(args, experiment_id: str, parent_id: str, metric: str, methods: 
     from playwright.sync_api import Error as PlaywrightError
     from playwright.sync_api import sync_playwright
 
-    from fedvlp.platform.tracking import ui_link
+    from fedvlp.platform.records.tracking import ui_link
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -30,7 +30,7 @@ INTERRUPTIBLE_FEDVLP = [sys.executable, "-c", "import runpy, signal, sys; signal
 # checkpoint is on disk: a kill drill that lands mid-run whatever the load, instead of racing a pipe reader.
 # Argv: the round, then the run config's --set overrides.
 KILLED_AFTER_ROUND = [sys.executable, "-c", "import os, signal, sys; from fedvlp.config import load_spec; "
-                      "from fedvlp.platform.engine import run_federated; kill_round = int(sys.argv[1]); "
+                      "from fedvlp.platform.runtime.engine import run_federated; kill_round = int(sys.argv[1]); "
                       "run_federated(load_spec(None, sys.argv[2:]), on_round=lambda r, *_: r == kill_round and "
                       "os.killpg(0, signal.SIGKILL))"]
 
@@ -81,8 +81,8 @@ HEAVY_FIRST = ("test_sweep.py::", "test_extending.py::test_the_example_method_ru
 def plugins_forgotten():
     """A plugin a test imports in this process is forgotten after it: the registries are as they were and its
     modules unimported, so what a later test in the same process lists or looks up never depends on the order."""
+    from fedvlp.data.catalogue import datasets
     from fedvlp.data.partition import PARTITIONERS
-    from fedvlp.data.registry import datasets
     from fedvlp.methods import METHODS
     from fedvlp.platform.aggregation import RULES
 

@@ -7,7 +7,7 @@ import torch
 
 from fedvlp.errors import ConfigError
 from fedvlp.platform.aggregation import RULES, RuleInputs, ServerRule, apply_rule, register_rule, state_nbytes
-from fedvlp.platform.sampling import cohort_size, sample_cohort
+from fedvlp.platform.runtime.cohorts import cohort_size, sample_cohort
 
 
 def run(rule_name: str, states, sizes, previous=None, state=None, **options):

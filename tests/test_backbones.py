@@ -24,7 +24,7 @@ def _fresh_tiny_clip() -> torch.nn.Module:
 @pytest.fixture(scope="module")
 def zero_shot(tiny_clip):
     """Zero-shot val mAP (pooled token, best patch) of the untrained and the pretrained tiny CLIP."""
-    from fedvlp.backbones import load_clip
+    from fedvlp.backbones.loaders import load_clip
 
     val = generate_scenes(2000, "val", 0)
     return {name: zero_shot_maps(backbone, val.images, val.labels, val.class_names) for name, backbone in
@@ -134,7 +134,7 @@ def test_real_models_fail_offline_with_one_line_that_says_how(monkeypatch):
 
 
 def test_checkpoint_paths_go_through_the_same_loader(tiny_clip, tmp_path):
-    from fedvlp.backbones import load_clip
+    from fedvlp.backbones.loaders import load_clip
 
     state = load_clip(load_spec(None)).model.state_dict()
     path = tmp_path / "tiny.pt"
@@ -145,7 +145,7 @@ def test_checkpoint_paths_go_through_the_same_loader(tiny_clip, tmp_path):
 
 
 def test_prompt_template_with_word_context_equals_the_plain_text_encoder(tiny_clip):
-    from fedvlp.backbones import load_clip
+    from fedvlp.backbones.loaders import load_clip
     from fedvlp.methods.prompts import PromptTemplate
 
     backbone = load_clip(load_spec(None))
@@ -158,7 +158,7 @@ def test_prompt_template_with_word_context_equals_the_plain_text_encoder(tiny_cl
 
 
 def test_image_features_do_not_depend_on_batch_composition(tiny_clip):
-    from fedvlp.backbones import load_clip
+    from fedvlp.backbones.loaders import load_clip
 
     backbone = load_clip(load_spec(None))
     images = np.random.default_rng(0).integers(0, 255, (300, 32, 32, 3), dtype=np.uint8)
@@ -169,7 +169,7 @@ def test_image_features_do_not_depend_on_batch_composition(tiny_clip):
 
 
 def test_token_features_are_the_pooled_embedding_then_dense_patches(tiny_clip):
-    from fedvlp.backbones import load_clip
+    from fedvlp.backbones.loaders import load_clip
 
     backbone = load_clip(load_spec(None))
     images = np.random.default_rng(1).integers(0, 255, (5, 32, 32, 3), dtype=np.uint8)

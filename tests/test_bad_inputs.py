@@ -364,7 +364,7 @@ def case_env(bad: Case, tmp_path: Path) -> dict[str, str]:
 def _in_process(bad: Case, argv: list[str], tmp_path: Path, monkeypatch, capsys):
     """`main(argv)` here, with the case's environment; reaching Ray at all fails the case."""
     from fedvlp.cli import main
-    from fedvlp.platform import engine
+    from fedvlp.platform.runtime import engine, placement
 
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("MLFLOW_TRACKING_URI", tracking_uri(tmp_path))
@@ -376,7 +376,8 @@ def _in_process(bad: Case, argv: list[str], tmp_path: Path, monkeypatch, capsys)
         reached.append(True)
         raise AssertionError("this bad input reached Ray")
 
-    monkeypatch.setattr(engine, "ensure_ray", no_ray)
+    for module in (engine, placement):  # where a run, and a sweep or tune, look it up
+        monkeypatch.setattr(module, "ensure_ray", no_ray)
     capsys.readouterr()
     code = main(argv)
     return code, capsys.readouterr().err, [], bool(reached)
@@ -423,7 +424,7 @@ def hf_cache_snapshot(hf_home: Path, repo: str) -> Path:
 
 DRIVER_CHECK = """
 from fedvlp.config import load_spec
-from fedvlp.backbones import load_backbone, prepare_backbone
+from fedvlp.backbones.loaders import load_backbone, prepare_backbone
 for overrides in {runs!r}:
     spec = load_spec({config!r}, overrides)
     try:
@@ -492,7 +493,7 @@ def test_a_real_vilt_in_the_hf_cache_passes_the_driver_check_and_is_what_the_loa
 
 def test_a_remote_cluster_skips_the_driver_check(tmp_path, monkeypatch):
     """Under RAY_ADDRESS the workers run elsewhere and look in their own caches: this machine's lack no proof."""
-    from fedvlp.backbones import prepare_backbone
+    from fedvlp.backbones.loaders import prepare_backbone
     from fedvlp.config import load_spec
     from fedvlp.errors import BackboneError
 

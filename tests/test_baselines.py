@@ -20,7 +20,7 @@ IDS = ["dualcoop", "dualcoop-csc", "fedotp", "fedtpg"]
 
 @pytest.fixture(scope="module")
 def world(tiny_clip):
-    from fedvlp.backbones import load_clip
+    from fedvlp.backbones.loaders import load_clip
     from fedvlp.data.scenes import generate_scenes
 
     backbone = load_clip(load_spec(None))

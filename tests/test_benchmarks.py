@@ -298,7 +298,7 @@ def test_recipes_noise_at_tiny_size(results, ray_cluster):
 # and personal metrics with the clients' local states
 @pytest.mark.parametrize("config", ["fedmpt_scenes", "fedotp_scenes"])
 def test_the_bare_loop_reaches_every_metric_of_fedvlp_exactly(config, ray_cluster, tracking_uri, tmp_path):
-    from fedvlp.platform.engine import run_federated
+    from fedvlp.platform.runtime.engine import run_federated
 
     # 300 test samples: two evaluation blocks, one on each of the 2 workers
     spec = small_run(tracking_uri, tmp_path, "data.num_train=240", "data.num_val=64", "data.num_holdout=48",

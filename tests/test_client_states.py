@@ -3,8 +3,8 @@ import pytest
 import torch
 from conftest import small_run
 
-from fedvlp.platform.client_states import ClientStateStore
-from fedvlp.platform.engine import run_federated
+from fedvlp.platform.runtime.client_states import ClientStateStore
+from fedvlp.platform.runtime.engine import run_federated
 
 
 def state(value: float) -> dict:

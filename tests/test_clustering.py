@@ -1,19 +1,19 @@
-"""FED-PRIME's constrained prompt clustering (fedvlp.platform.clustering) on hand-made pools."""
+"""FED-PRIME's constrained prompt clustering (fedvlp.platform.aggregation.prompt_clustering, and the rule in
+fedvlp.platform.aggregation.hungarian) on hand-made pools."""
 import numpy as np
 import pytest
 import torch
 from scipy.optimize import linear_sum_assignment
 
 from fedvlp.platform.aggregation import HungarianOptions, RuleInputs, apply_rule
-from fedvlp.platform.clustering import (
+from fedvlp.platform.aggregation.hungarian import hungarian_cluster, hungarian_cluster_report
+from fedvlp.platform.aggregation.prompt_clustering import (
     MAX_POOL_FACTOR,
     SCHEDULES,
     _gaussian_terms,
     _loglik_all,
     cluster_pool,
     cluster_prompts,
-    hungarian_cluster,
-    hungarian_cluster_report,
 )
 
 KEY = "inter_pool.prompts"

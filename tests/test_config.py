@@ -20,7 +20,7 @@ def test_every_shipped_config_loads_and_validates(path, tmp_path):
 
 @pytest.mark.parametrize("path", sorted(SPACES_DIR.glob("*.yaml")), ids=lambda p: p.stem)
 def test_every_shipped_space_loads_validates_and_selects_on_val(path):
-    from fedvlp.platform.sweep import load_sweep
+    from fedvlp.platform.studies.spaces import load_sweep
 
     sweep = load_sweep(path.stem)
     assert sweep.swept_keys and sweep.metric.startswith("val_")

@@ -5,7 +5,7 @@ import pytest
 from fedvlp.config import load_spec
 from fedvlp.data import prepare_data
 from fedvlp.data.feature_cache import FeatureCache, feature_key
-from fedvlp.data.masking import mask_labels
+from fedvlp.data.label_masking import mask_labels
 from fedvlp.errors import ConfigError
 
 
@@ -153,7 +153,7 @@ def test_centralized_p_trains_on_fedavg_p_clients_pooled(seed, kind):
 
 @pytest.mark.parametrize("space", ["fedprime_settings", "missing_rate"])
 def test_studies_centralised_variant_pools_its_federated_counterpart(space):
-    from fedvlp.platform.sweep import load_sweep, trial_spec
+    from fedvlp.platform.studies.spaces import load_sweep, trial_spec
 
     sweep = load_sweep(space)
     point = next(iter(p for p in [{"data.missing_type": "both"}, {"data.missing_rate": 0.5}] if set(p) <= set(

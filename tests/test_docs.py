@@ -85,7 +85,7 @@ def test_the_readme_fits_on_two_screens_and_its_links_hold():
 
 def test_every_study_page_is_rebuilt_from_its_folder(tmp_path):
     """An about.md edited without `fedvlp report --page DIR` leaves a stale index.md on the site."""
-    from fedvlp.platform.report import MARK, PAGE, write_study_page
+    from fedvlp.platform.studies.report import MARK, PAGE, write_study_page
 
     pages_found = [page for page in sorted(DOCS.glob("results/**/" + PAGE)) if page.read_text().startswith(MARK)]
     assert len(pages_found) >= len(study_folders())

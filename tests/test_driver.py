@@ -7,14 +7,15 @@ import pytest
 import torch
 from conftest import run_in_group
 
-from fedvlp.platform.checkpoint import load_checkpoint
+from fedvlp.platform.records.checkpoint import load_checkpoint
 
 SMALL = ["data.num_train=800", "data.num_val=256", "data.num_test=256", "data.num_holdout=200",
          "federation.clients=4", "resources.workers=1"]
 TORCH = "print('driver imported torch:', 'torch' in sys.modules)"
 FRESH = f"import sys; from fedvlp.cli import main; code = main(sys.argv[1:]); {TORCH}; sys.exit(code)"
-RESUMED = ("import sys; from fedvlp.config import load_spec; from fedvlp.platform.checkpoint import read_checkpoint; "
-           "from fedvlp.platform.engine import run_federated; "
+RESUMED = ("import sys; from fedvlp.config import load_spec; "
+           "from fedvlp.platform.records.checkpoint import read_checkpoint; "
+           "from fedvlp.platform.runtime.engine import run_federated; "
            "result = run_federated(load_spec(None, sys.argv[2:]), progress=False, "
            "resume=read_checkpoint(sys.argv[1])); print('rounds', [h['round'] for h in result.history]); "
            f"{TORCH}")

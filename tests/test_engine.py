@@ -11,7 +11,7 @@ from fedvlp.config import CONFIGS_DIR
 from fedvlp.errors import ResourceError, RoundFailedError
 from fedvlp.methods import METHODS
 from fedvlp.platform.aggregation import state_nbytes
-from fedvlp.platform.engine import run_federated
+from fedvlp.platform.runtime.engine import run_federated
 
 SPLITS = ("val", "test", "shift")
 
@@ -46,7 +46,7 @@ def test_promptfl_learns_and_mlflow_holds_the_run(ray_cluster, tracking_uri, tmp
         assert _steps(client, run.info.run_id, metric) == [0, 2, 3]  # eval_every=2, and after the last round
     for metric in ("train_loss", "round_seconds", "bytes_up", "bytes_down"):
         assert _steps(client, run.info.run_id, metric) == [1, 2, 3]
-    for phase in ("data", "backbone", "mlflow", "ray", "actors", "features"):
+    for phase in ("data", "backbone", "mlflow", "ray", "actors", "features", "evaluation", "tracking_wait"):
         assert _steps(client, run.info.run_id, f"startup_{phase}_seconds") == [0]
     # each worker's peak memory (its process's resident set here; its GPU allocations on a GPU), logged once
     assert [w["device"] for w in result.workers] == ["cpu"] * spec.resources.workers
@@ -91,10 +91,10 @@ def test_every_registered_method_runs_a_round_through_the_engine(method, ray_clu
     assert _steps(client, run.info.run_id, f"personal_{headline}") == [0, 1]
     start = torch.load(run.data.tags["checkpoint"], weights_only=True)
     assert start["round"] == 1
-    from fedvlp.backbones import load_backbone
+    from fedvlp.backbones.loaders import load_backbone
     from fedvlp.data import load_dataset
     from fedvlp.methods.base import Task
-    from fedvlp.platform.worker import build_method
+    from fedvlp.platform.runtime.worker import build_method
 
     dataset = load_dataset(spec)
     initial = build_method(spec, load_backbone(spec), Task(dataset.class_names, dataset.multilabel)).global_state()
@@ -113,14 +113,14 @@ def test_a_client_gets_exactly_its_own_local_state_back(ray_cluster, tracking_ur
     joins (clients skip rounds at participation 0.5); personal metrics use it, the global ones do not."""
     from fedvlp.data import prepare_data
     from fedvlp.platform.metrics import multilabel_metrics
-    from fedvlp.platform.sampling import sample_cohort
+    from fedvlp.platform.runtime.cohorts import sample_cohort
 
     spec = small_run(tracking_uri, tmp_path, "plugins=[fedvlp_test_plugin]", "method.name=ownerecho",
                      "federation.rounds=4", "federation.participation=0.5", "resources.client_state_memory_mb=0")
     result = run_federated(spec, progress=False)
     assert [h["train_wrong_state"] for h in result.history] == [0.0] * 4  # nobody got another client's state
     checkpoint = torch.load(tmp_path / "runs" / result.run_id / "checkpoint.pt", weights_only=True)
-    from fedvlp.platform.client_states import ClientStateStore
+    from fedvlp.platform.runtime.client_states import ClientStateStore
 
     store = ClientStateStore(tmp_path / "runs" / result.run_id / "client_states", 0, checkpoint["clients"])
     joined = {c: sum(c in sample_cohort(0, r, 4, 0.5) for r in range(1, 5)) for c in range(4)}
@@ -129,7 +129,7 @@ def test_a_client_gets_exactly_its_own_local_state_back(ray_cluster, tracking_ur
     # frozen features of its local test set, as cached (float16)
     from fedvlp_test_plugin import SCALE
 
-    from fedvlp.backbones import load_backbone
+    from fedvlp.backbones.loaders import load_backbone
 
     data = prepare_data(spec)
     holdout = data.dataset.holdout
@@ -311,11 +311,11 @@ def test_fedmpt_reads_cached_token_features(ray_cluster, tracking_uri, tmp_path,
 def test_fedotp_global_metrics_score_the_global_prompt_alone(ray_cluster, tracking_uri, tmp_path):
     """The workers score val and test with the global model as `Method.load_global` gives it: FedOTP's global
     prompt alone, not beside the untrained initial local prompt (which took half the transported mass)."""
-    from fedvlp.backbones import load_backbone
+    from fedvlp.backbones.loaders import load_backbone
     from fedvlp.data import prepare_data
     from fedvlp.methods.base import Task
     from fedvlp.platform.metrics import multilabel_metrics
-    from fedvlp.platform.worker import build_method
+    from fedvlp.platform.runtime.worker import build_method
 
     spec = small_run(tracking_uri, tmp_path, "data.num_train=240", "data.num_val=128", "data.num_test=128",
                      "data.num_holdout=64", "federation.clients=2", "federation.rounds=1", "resources.workers=1",

@@ -11,8 +11,8 @@ import yaml
 from conftest import REPO, fedvlp_cli, small_run
 from mlflow import MlflowClient
 
-from fedvlp.platform.checkpoint import load_checkpoint, read_checkpoint
-from fedvlp.platform.engine import run_federated
+from fedvlp.platform.records.checkpoint import load_checkpoint, read_checkpoint
+from fedvlp.platform.runtime.engine import run_federated
 
 EXAMPLES = REPO / "examples"
 CLASSES = ("red", "green", "blue", "yellow")

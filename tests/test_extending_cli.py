@@ -159,8 +159,8 @@ def test_a_missing_base_and_a_cycle_are_one_line_errors(tmp_path, capsys):
 
 
 def test_sweeps_and_tuning_resolve_a_run_configs_base(tmp_path):
-    from fedvlp.platform.sweep import load_sweep
-    from fedvlp.platform.tune import load_tune
+    from fedvlp.platform.studies.spaces import load_sweep
+    from fedvlp.platform.studies.tune import load_tune
 
     config = write(tmp_path / "mine.yaml", {"base": "fedmpt_scenes", "method": {"lr": 0.123},
                                             "federation": {"rounds": 1}})

@@ -12,7 +12,7 @@ from scipy import stats
 from test_private_runs import _seen, spy_on_aggregation
 
 from fedvlp.platform.aggregation import RULES, RuleInputs, apply_rule
-from fedvlp.platform.updates import ClientUpdate
+from fedvlp.platform.runtime.updates import ClientUpdate
 from fedvlp.plugins import load_plugins
 
 EXAMPLES = REPO / "examples"
@@ -60,7 +60,7 @@ def test_an_outlying_client_moves_the_average_but_not_the_trimmed_mean(trimmed_m
 def test_the_coordinator_trims_the_group_its_prefix_aims_at_and_averages_the_rest(trimmed_mean_registered, tmp_path):
     """The Coordinator class itself (no Ray): `ctx` by the trimmed mean, `scale` by FedAvg (sample weights), the
     updates taken in client-id order whatever order they arrive in, the rule's number reported per round."""
-    from fedvlp.platform.coordinator import Coordinator
+    from fedvlp.platform.runtime.coordinator import Coordinator
 
     states, sizes = client_states(5, seed=1), [30, 10, 50, 20, 40]
     coordinator = Coordinator.__ray_actor_class__(0, (str(tmp_path / "states"), 2**20), None, ("fedvlp_examples",))
@@ -82,7 +82,7 @@ def test_a_run_on_ray_trims_what_the_clients_sent_in_the_coordinator_actor(ray_c
                                                                             monkeypatch):
     """One round of 4 clients on Ray, the plugin shipped to the Coordinator actor: the new `ctx` is the trimmed
     mean (a quarter cut from each end) of the 4 contexts the coordinator received, the rest FedAvg's."""
-    from fedvlp.platform.engine import run_federated
+    from fedvlp.platform.runtime.engine import run_federated
 
     spy_on_aggregation(monkeypatch)
     spec = small_run(tracking_uri, tmp_path, "plugins=[fedvlp_examples]", "server.rules={ctx: trimmed_mean}",

@@ -17,9 +17,9 @@ from conftest import CLI_TIMEOUT_S, INTERRUPTIBLE_FEDVLP, KILLED_AFTER_ROUND, re
 from mlflow import MlflowClient
 
 from fedvlp.errors import RoundFailedError
-from fedvlp.platform.client_states import ClientStateStore
-from fedvlp.platform.clock import VirtualClock
-from fedvlp.platform.engine import run_federated
+from fedvlp.platform.runtime.client_states import ClientStateStore
+from fedvlp.platform.runtime.clock import VirtualClock
+from fedvlp.platform.runtime.engine import run_federated
 
 pytestmark = pytest.mark.usefixtures("tiny_clip")
 
@@ -234,7 +234,7 @@ def test_a_killed_fedotp_driver_resumes_bitwise_in_the_same_mlflow_run(tmp_path,
 # group, which is what the disk holds when a kill lands between the two. Argv: the run config's --set overrides.
 KILLED_BETWEEN_LOGGING_AND_CHECKPOINT = [
     sys.executable, "-c", "import os, shutil, signal, sys; from fedvlp.config import load_spec; "
-    "from fedvlp.platform.engine import run_federated\n"
+    "from fedvlp.platform.runtime.engine import run_federated\n"
     "def on_round(r, metrics, checkpoint):\n"
     "    if r == 1: shutil.copy(checkpoint, str(checkpoint) + '.round1')\n"
     "    if r == 2: os.replace(str(checkpoint) + '.round1', checkpoint); os.killpg(0, signal.SIGKILL)\n"

@@ -28,10 +28,10 @@ def test_vilt_b_configs_are_the_reference_size(config):
 
 @pytest.mark.parametrize("config", ["fedavg_p_recipes", "fedprox_p_recipes", "centralized_p_recipes"])
 def test_tiny_vilt_configs_get_16_tokens_on_the_first_half_of_the_layers(config):
-    from fedvlp.backbones import load_backbone
+    from fedvlp.backbones.loaders import load_backbone
     from fedvlp.data.recipes import CLASS_NAMES
     from fedvlp.methods.base import Task
-    from fedvlp.platform.worker import build_method
+    from fedvlp.platform.runtime.worker import build_method
 
     spec = load_spec(config, ["backbone.pretrained=none"])   # the shapes only: no pretraining needed
     backbone = load_backbone(spec)
@@ -46,7 +46,7 @@ def test_tiny_vilt_configs_get_16_tokens_on_the_first_half_of_the_layers(config)
 
 
 def test_missing_rate_study_runs_centralized_p_as_its_run_config_defines_it():
-    from fedvlp.platform.sweep import load_sweep, trial_spec
+    from fedvlp.platform.studies.spaces import load_sweep, trial_spec
 
     sweep = load_sweep("missing_rate")
     assert {"fedprime", "fedavg_p", "fedlora_vilt", "centralized_p"} <= set(sweep.variants)
@@ -67,11 +67,11 @@ def test_missing_rate_study_runs_centralized_p_as_its_run_config_defines_it():
 def test_prompt_lr_moves_the_prompts_alone_at_their_own_rate(config, prompt_names, monkeypatch):
     """method.prompt_lr: the optimiser a local update builds moves every prompt parameter (and no pooler or head
     parameter) by prompt_lr x its gradient, the rest by lr x theirs; unset, everything moves at lr (the reference)."""
-    from fedvlp.backbones import load_backbone
+    from fedvlp.backbones.loaders import load_backbone
     from fedvlp.data.recipes import CLASS_NAMES
     from fedvlp.methods import fedavg_p, fedprime
     from fedvlp.methods.base import Task
-    from fedvlp.platform.worker import build_method
+    from fedvlp.platform.runtime.worker import build_method
 
     spec = load_spec(config, ["backbone.pretrained=none", "method.prompt_lr=2.0", "method.lr=0.1"])
     method = build_method(spec, load_backbone(spec), Task(list(CLASS_NAMES), multilabel=False))

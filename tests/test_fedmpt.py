@@ -13,7 +13,7 @@ pytestmark = pytest.mark.usefixtures("tiny_clip")
 
 @pytest.fixture(scope="module")
 def world():
-    from fedvlp.backbones import load_clip
+    from fedvlp.backbones.loaders import load_clip
     from fedvlp.data.scenes import generate_scenes
 
     backbone = load_clip(load_spec(None))
@@ -25,7 +25,7 @@ def world():
 
 
 def build(world, *overrides):
-    from fedvlp.platform.worker import build_method
+    from fedvlp.platform.runtime.worker import build_method
 
     return build_method(load_spec("fedmpt_scenes", list(overrides)), world["backbone"], world["task"])
 
@@ -169,7 +169,7 @@ def test_fedmpt_configs_hide_labels_as_its_code_does(config, tmp_path):
 def test_the_label_mask_studies_read_a_hidden_label_both_ways():
     """FedMPT's code reads a hidden label as negative (label_mask), DualCoOp's as unknown (label_mask_unknown); the
     two studies differ in nothing else."""
-    from fedvlp.platform.sweep import load_sweep
+    from fedvlp.platform.studies.spaces import load_sweep
 
     negative, unknown = load_sweep("label_mask"), load_sweep("label_mask_unknown")
     assert (negative.base["data"].pop("mask_as"), unknown.base["data"].pop("mask_as")) == ("negative", "unknown")

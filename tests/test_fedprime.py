@@ -20,7 +20,7 @@ NUM_TRAIN, NUM_TEST = 600, 400
 
 @pytest.fixture(scope="module")
 def world(tiny_vilt):
-    from fedvlp.backbones import load_backbone
+    from fedvlp.backbones.loaders import load_backbone
     from fedvlp.data.recipes import generate_recipes
 
     backbone = load_backbone(load_spec("fedprime_recipes"))
@@ -196,7 +196,7 @@ def test_vilt_methods_need_a_vilt_backbone_and_text(tmp_path):
 def test_federated_fedprime_logs_the_six_evaluation_sets(tiny_vilt, ray_cluster, tracking_uri, tmp_path):
     import mlflow
 
-    from fedvlp.platform.engine import run_federated
+    from fedvlp.platform.runtime.engine import run_federated
 
     spec = load_spec("fedprime_recipes", [
         "data.num_train=600", "data.num_val=256", "data.num_test=256", "data.num_holdout=100", "federation.clients=4",

@@ -32,7 +32,7 @@ VILT_HEADS = {"pooler.dense.weight", "pooler.dense.bias",
 
 @pytest.fixture(scope="module")
 def clip_world(tiny_clip):
-    from fedvlp.backbones import load_clip
+    from fedvlp.backbones.loaders import load_clip
     from fedvlp.data.scenes import generate_scenes
 
     backbone = load_clip(load_spec(None))
@@ -44,7 +44,7 @@ def clip_world(tiny_clip):
 
 @pytest.fixture(scope="module")
 def vilt_world(tiny_vilt):
-    from fedvlp.backbones import load_backbone
+    from fedvlp.backbones.loaders import load_backbone
     from fedvlp.data.missing import apply_missing, missing_table
     from fedvlp.data.recipes import generate_recipes
 
@@ -206,8 +206,8 @@ def test_local_training_is_reproducible_and_leaves_the_backbone_alone(clip_world
 @pytest.mark.parametrize("ffa", [False, True], ids=["lora", "ffa"])
 def test_training_loss_falls_round_after_round_and_a_run_resumes_bitwise(ray_cluster, tracking_uri, tmp_path, ffa):
     """With FFA, A is in no checkpoint: the resumed run's workers draw it again from the seed."""
-    from fedvlp.platform.checkpoint import read_checkpoint
-    from fedvlp.platform.engine import run_federated
+    from fedvlp.platform.records.checkpoint import read_checkpoint
+    from fedvlp.platform.runtime.engine import run_federated
 
     spec = small_run(tracking_uri, tmp_path, *PLUGIN, "data.num_train=400", "federation.rounds=3",
                      "resources.workers=1", "method.local_epochs=3", f"method.ffa={str(ffa).lower()}",
@@ -238,7 +238,7 @@ def test_training_loss_falls_round_after_round_and_a_run_resumes_bitwise(ray_clu
 @pytest.mark.usefixtures("tiny_vilt")
 def test_ffa_on_vilt_through_ray_sends_only_b_and_is_scored_on_the_six_eval_sets(ray_cluster, tracking_uri,
                                                                                   tmp_path):
-    from fedvlp.platform.engine import run_federated
+    from fedvlp.platform.runtime.engine import run_federated
 
     spec = small_run(tracking_uri, tmp_path, *PLUGIN, "data.num_train=240", "data.num_val=128", "data.num_test=128",
                      "data.num_holdout=64", "federation.clients=2", "federation.rounds=1", "resources.workers=1",

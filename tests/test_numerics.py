@@ -298,16 +298,16 @@ def test_partial_transport_is_pots_entropic_partial_wasserstein(epsilon):
 def test_partial_transport_scalings_and_log_domain_agree():
     """The float64 scalings (fast) and the log domain run the same iterations: the same plan at FedOTP's settings
     (100 iterations, stopped early or not); a span float64 cannot hold (eps = 0.001) takes the log domain."""
-    from fedvlp.methods.numerics import _partial_transport_log, partial_transport
+    from fedvlp.methods.numerics import partial_transport, partial_transport_log
 
     gen = torch.Generator().manual_seed(3)
     sim = torch.rand(8, 5, 16, 2, generator=gen) * 2 - 1  # [B, C, M patches, N prompts], cosines over [-1, 1]
     a, b = torch.full((16,), 1 / 16), torch.full((2,), 0.4)
     for tol in (0.0, 1e-3):
-        log_domain = _partial_transport_log(-(1 - sim.double()) / 0.01, a.double(), b.double(), 100, tol)
+        log_domain = partial_transport_log(-(1 - sim.double()) / 0.01, a.double(), b.double(), 100, tol)
         plan = partial_transport(1 - sim, a, b, epsilon=0.01, max_iter=100, tol=tol)
         assert plan.dtype == torch.float32
         assert (plan.double() - log_domain).abs().max() < 1e-7
     tiny_eps = partial_transport((1 - sim).double(), a.double(), b.double(), epsilon=0.001, max_iter=200, tol=1e-9)
     assert torch.isfinite(tiny_eps).all() and torch.allclose(tiny_eps.sum(-2), b.double().expand(8, 5, 2), atol=1e-9)
-    assert torch.equal(tiny_eps, _partial_transport_log(-(1 - sim.double()) / 0.001, a.double(), b.double(), 200, 1e-9))
+    assert torch.equal(tiny_eps, partial_transport_log(-(1 - sim.double()) / 0.001, a.double(), b.double(), 200, 1e-9))

@@ -16,8 +16,8 @@ from conftest import fedvlp_cli
 from mlflow import MlflowClient
 
 from fedvlp.config import build_spec
-from fedvlp.platform.sweep import load_sweep, trial_spec
-from fedvlp.platform.tune import load_tune, trial_raw
+from fedvlp.platform.studies.spaces import load_sweep, trial_spec
+from fedvlp.platform.studies.tune import load_tune, trial_raw
 
 # Every plugin appends, from where its code runs, a line: what ran, in which Ray actor, from which file.
 RECORD = '''

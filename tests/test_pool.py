@@ -4,7 +4,7 @@ import itertools
 
 import numpy as np
 
-from fedvlp.platform.pool import balance_cohort
+from fedvlp.platform.runtime.cohorts import balance_cohort
 
 
 def loads(placed: dict[int, int], cost: list[int], workers: int) -> list[int]:

@@ -1,5 +1,5 @@
-"""Client-level DP (fedvlp.platform.privacy): clipping and the noisy average against hand computations with a
-seeded generator, and the accounting against the published RDP bounds written out here: the Gaussian's closed
+"""Client-level DP (fedvlp.platform.aggregation.privacy): clipping and the noisy average against hand computations
+with a seeded generator, and the accounting against the published RDP bounds written out here: the Gaussian's closed
 form without sampling, and Wang, Balle & Kasiviswanathan's bounds for cohorts drawn without replacement."""
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import torch
 from dp_accounting.rdp.rdp_privacy_accountant import DEFAULT_RDP_ORDERS
 from scipy.special import gammaln, logsumexp
 
-from fedvlp.platform import privacy
+from fedvlp.platform.aggregation import privacy
 
 
 def _t(values, dtype=torch.float32) -> torch.Tensor:

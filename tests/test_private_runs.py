@@ -16,10 +16,10 @@ from test_faults import fault_in_round
 
 from fedvlp.config import load_spec
 from fedvlp.errors import ConfigError
-from fedvlp.platform import engine
-from fedvlp.platform.engine import run_federated
-from fedvlp.platform.privacy import epsilon
-from fedvlp.platform.secagg import SCALE, TOLERANCE
+from fedvlp.platform.aggregation.privacy import epsilon
+from fedvlp.platform.aggregation.secagg import SCALE, TOLERANCE
+from fedvlp.platform.runtime import engine
+from fedvlp.platform.runtime.engine import run_federated
 
 pytestmark = pytest.mark.usefixtures("tiny_clip")
 FAST = ("method.local_epochs=1", "resources.workers=1", "federation.participation=0.5")
@@ -42,14 +42,11 @@ def spy_on_aggregation(monkeypatch) -> None:
     arrived. The actor runs in another process; a class defined in a function is shipped to it by value."""
 
     class Spy(engine.Coordinator.__ray_actor_class__):  # the class behind the Ray actor class
-        def __init__(self, seed, client_store, *args):
-            super().__init__(seed, client_store, *args)
-            self.record = Path(client_store[0]).parent / "aggregate-inputs"  # beside the run's spilled states
-
         def aggregate(self, round_index, cohort, *client_updates):
-            self.record.mkdir(parents=True, exist_ok=True)
+            record = self.client_states.spill_dir.parent / "aggregate-inputs"  # beside the run's spilled states
+            record.mkdir(parents=True, exist_ok=True)
             torch.save({"previous": self.state, "rules": self.rules, "cohort": cohort, "updates": client_updates},
-                       self.record / f"round{round_index}.pt")
+                       record / f"round{round_index}.pt")
             return super().aggregate(round_index, cohort, *client_updates)
 
     monkeypatch.setattr(engine, "Coordinator", ray.remote(max_restarts=0)(Spy))

@@ -11,7 +11,7 @@ from mlflow.entities import Metric, Param
 from scipy import stats
 
 from fedvlp.errors import FedvlpError
-from fedvlp.platform.report import curves_vs_key, curves_vs_round, interval, make_report, plot_vs_key, summarise
+from fedvlp.platform.studies.report import curves_vs_key, curves_vs_round, interval, make_report, plot_vs_key, summarise
 
 T2 = stats.t.ppf(0.975, 1)  # Student t, 2 seeds: the 95 % half-width of a, b is T2 * |a - b| / 2
 # final val_mAP per (method, heterogeneity): (seed 0, seed 1); test_mAP is 0.01 lower throughout
@@ -180,7 +180,7 @@ def test_a_difference_whose_interval_holds_zero_is_not_significant():
 
 
 def test_round_curve_averages_sweep_then_seeds(sweep, tracking_uri):
-    from fedvlp.platform.report import collect, find_sweep
+    from fedvlp.platform.studies.report import collect, find_sweep
 
     client, parent = sweep
     exp_id, _ = find_sweep(client, "sweep-heterogeneity", tracking_uri)
@@ -206,10 +206,11 @@ def test_categorical_swept_value_plots_as_categories(tmp_path):
 def test_plots_keep_one_colour_per_method_and_clip_intervals_to_the_metrics_range(tmp_path, monkeypatch):
     from matplotlib.colors import to_hex
 
-    from fedvlp.platform import report
+    from fedvlp.platform.studies import report
+    from fedvlp.platform.studies.report import plots
 
     figures = []
-    monkeypatch.setattr(report, "_save", lambda plt, fig, path, legend_title="method": figures.append(fig) or path)
+    monkeypatch.setattr(plots, "_save", lambda plt, fig, path, legend_title="method": figures.append(fig) or path)
     wide = np.array([0.9, 0.8])  # a 2-seed t interval this wide runs past 0 and 1 before clipping
     curves = {"zeroshot": ([0.0, 1.0], np.array([0.7, 0.7]), np.array([0.0, 0.0])),
               "promptfl": ([0.0, 1.0], np.array([0.3, 0.95]), wide),
@@ -251,7 +252,7 @@ def test_missing_experiment_or_parent_is_one_line_error(tracking_uri, tmp_path):
 
 
 def test_accuracy_against_privacy_spent_has_one_line_per_method_and_participation(tmp_path):
-    from fedvlp.platform.report import epsilon_lines, plot_vs_epsilon
+    from fedvlp.platform.studies.report import epsilon_lines, plot_vs_epsilon
 
     keys = ["privacy.noise_multiplier", "federation.participation"]
     rows = [{"method": m, "seed": str(s), "swept": {keys[0]: sigma, keys[1]: rho}, "epsilon": 10 / sigma * rho + s,

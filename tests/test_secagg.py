@@ -1,5 +1,5 @@
-"""Simulated secure aggregation (fedvlp.platform.secagg): masks by hand, exact cancellation in the ring, the
-plain weighted average within the quantisation bound, dropouts recovered, and masked vectors that look random."""
+"""Simulated secure aggregation (fedvlp.platform.aggregation.secagg): masks by hand, exact cancellation in the ring,
+the plain weighted average within the quantisation bound, dropouts recovered, and masked vectors that look random."""
 from __future__ import annotations
 
 import numpy as np
@@ -7,8 +7,7 @@ import pytest
 import torch
 from scipy import stats
 
-from fedvlp.platform import secagg
-from fedvlp.platform.aggregation import weighted_average
+from fedvlp.platform.aggregation import secagg, weighted_average
 from fedvlp.seeding import numpy_rng
 
 RING = 2 ** 64

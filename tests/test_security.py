@@ -4,7 +4,7 @@ import torch
 
 from fedvlp.config import load_spec
 from fedvlp.errors import ConfigError, FedvlpError
-from fedvlp.platform.checkpoint import load_checkpoint
+from fedvlp.platform.records.checkpoint import load_checkpoint
 
 
 class RunsCodeWhenUnpickled:

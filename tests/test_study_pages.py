@@ -8,7 +8,7 @@ from urllib.parse import unquote
 import pytest
 
 from fedvlp import cli
-from fedvlp.platform.report import GENERATED, write_pages, write_study_page
+from fedvlp.platform.studies.report import GENERATED, write_pages, write_study_page
 
 ABOUT_BODY = """FedMPT's finding (a): label skew t in {0, 0.5, 1}. Regenerate:
 

@@ -18,7 +18,7 @@ import pytest
 from test_multinode import PidNamespace, free_port
 
 from fedvlp.cli import main
-from fedvlp.platform.submit import HEAD_RESULTS, auth_token, carried_env, entrypoint
+from fedvlp.platform.runtime.submit import HEAD_RESULTS, auth_token, carried_env, entrypoint
 
 REPO = Path(__file__).resolve().parent.parent
 

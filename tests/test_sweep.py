@@ -17,14 +17,13 @@ from mlflow import MlflowClient
 
 from fedvlp.config import load_spec
 from fedvlp.errors import ConfigError, FedvlpError
-from fedvlp.platform.engine import run_federated
-from fedvlp.platform.sweep import (
-    _tune_config,
+from fedvlp.platform.runtime.engine import run_federated
+from fedvlp.platform.studies.spaces import load_sweep, trial_spec
+from fedvlp.platform.studies.sweep import (
     default_ray_temp_dir,
-    load_sweep,
     recover_cut_state,
     staged_copies,
-    trial_spec,
+    tune_config,
     whole_state,
 )
 
@@ -79,13 +78,13 @@ def test_no_selection_path_accepts_a_test_metric(tmp_path, metric):
     """A sweep's best trial and ASHA read the space file's metric, `fedvlp tune` its --metric: each refuses
     anything but a val_* or personal_val_* metric (personal_* is the clients' local test sets), even when the check
     at load time is bypassed."""
-    from fedvlp.platform.tune import load_tune, run_tune
+    from fedvlp.platform.studies.tune import load_tune, run_tune
 
     with pytest.raises(ConfigError, match=rf"metric: expected a val_\* metric .* got '{metric}'"):
         load_sweep(write_space(tmp_path, metric=metric))
     sweep = dataclasses.replace(load_sweep(write_space(tmp_path)), metric=metric, scheduler={"type": "asha"})
     with pytest.raises(ConfigError, match=r"expected a val_\* metric"):
-        _tune_config(sweep)
+        tune_config(sweep)
     with pytest.raises(ConfigError, match=rf"--metric: expected a val_\* metric .* got '{metric}'"):
         load_tune("quickstart", budget=2, metric=metric)
     tune_spec = dataclasses.replace(load_tune("quickstart", budget=2), metric=metric)
@@ -96,7 +95,7 @@ def test_no_selection_path_accepts_a_test_metric(tmp_path, metric):
 def test_a_personalised_method_is_tuned_on_its_clients_local_val_sets(tmp_path):
     """FedOTP declares its clients' own models as what it is tuned on: `fedvlp tune` selects it on
     personal_val_mAP by default (never personal_mAP, the local test sets), and sweeps and --metric accept it."""
-    from fedvlp.platform.tune import load_tune
+    from fedvlp.platform.studies.tune import load_tune
 
     assert load_tune("fedotp_scenes", budget=2).metric == "personal_val_mAP"
     assert load_tune("quickstart", budget=2).metric == "val_mAP"
@@ -136,7 +135,7 @@ def test_a_reset_actor_starts_as_a_new_process_would():
 def test_a_trial_on_a_finished_trials_actors_computes_what_new_actors_would(tmp_path, ray_cluster, tracking_uri):
     """Tune reuses a finished trial's process and placement group, and the engine resets the actors it left there
     for the next trial: each trial ends exactly where a run on new actors ends, whatever ran there before."""
-    from fedvlp.platform.sweep import run_sweep
+    from fedvlp.platform.studies.sweep import run_sweep
 
     space = write_space(tmp_path, name="reuse", max_concurrent_trials=1,
                         space={"method.name": {"grid": ["fedlora", "fedtpg", "promptfl"]}},
@@ -318,7 +317,7 @@ def test_tune_searches_the_methods_ranges_on_val_and_writes_a_config_fedvlp_runs
 
 
 def test_tpe_starts_on_half_the_budget_and_a_winner_at_a_range_edge_is_named():
-    from fedvlp.platform.tune import random_trials, range_edges
+    from fedvlp.platform.studies.tune import random_trials, range_edges
     from fedvlp.spec import CLIP_EPOCHS_RANGE, CLIP_LR_RANGE, choices
 
     assert [random_trials(b) for b in (1, 2, 12, 13)] == [1, 1, 6, 6]  # at most half, at least one
@@ -338,7 +337,7 @@ def test_the_sweep_console_counts_trials_of_the_total_and_labels_the_last_round(
     its last round's metric (what reports read), the swept keys in full."""
     from types import SimpleNamespace
 
-    from fedvlp.platform.sweep import sweep_progress
+    from fedvlp.platform.studies.sweep import sweep_progress
 
     progress = sweep_progress("val_mAP", "max", total=4)
     trial = lambda name, status, last: SimpleNamespace(  # noqa: E731
@@ -419,7 +418,7 @@ def test_a_sweep_with_a_failed_trial_exits_1(tmp_path, monkeypatch, capsys):
     """Scripts and CI read the exit code: a failed trial must not leave `fedvlp sweep` at 0 (Tune itself does not
     raise for it). Tune's result grid is stood in for: its length and `errors` are all the CLI reads here."""
     from fedvlp import cli
-    from fedvlp.platform import sweep as sweep_module
+    from fedvlp.platform.studies import sweep as sweep_module
 
     class Grid(list):
         def __init__(self, errors):

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from fedvlp.config import load_spec
-from fedvlp.platform.tracking import FALLBACK_FILE, RunTracker
+from fedvlp.platform.records.tracking import FALLBACK_FILE, RunTracker
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 from _common import mlflow_server  # noqa: E402  # the server cluster.yaml starts, as the benchmarks run it

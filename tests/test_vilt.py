@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from fedvlp.backbones import backbone_family, backbone_id, load_backbone, load_vilt
+from fedvlp.backbones.loaders import backbone_family, backbone_id, load_backbone, load_vilt
 from fedvlp.backbones.vilt import MAX_TEXT_LEN, TINY_VILT, ViltBackbone, create_vilt, tiny_vocabulary
 from fedvlp.data.recipes import VOCABULARY, generate_recipes
 from fedvlp.errors import BackboneError

@@ -19,7 +19,7 @@ from fedvlp.config import CONFIGS_DIR, load_spec
 sys.path.insert(0, str(REPO / "benchmarks"))
 import _common as common  # noqa: E402
 
-from fedvlp.platform import warm  # noqa: E402
+from fedvlp.platform.runtime import warm  # noqa: E402
 
 SMALL = ["federation.rounds=2", "data.num_train=600", "resources.workers=1"]
 

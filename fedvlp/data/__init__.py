@@ -70,7 +70,8 @@ def split_off(split: Split, fraction: float, seed: int, key: int, at_least: int 
 
 def load_dataset(spec) -> Dataset:
     """The dataset named by `data.name`, with its val split and held-out pool."""
-    from fedvlp.data.registry import ReadRequest, datasets
+    from fedvlp.data.catalogue import datasets
+    from fedvlp.data.registry import ReadRequest
 
     data = spec.data
     reader = datasets().get(data.name)
@@ -106,7 +107,7 @@ def partition_clients(labels: np.ndarray, multilabel: bool, spec) -> list[np.nda
 
 
 def prepare_data(spec) -> FederatedData:
-    from fedvlp.data.masking import mask_labels
+    from fedvlp.data.label_masking import mask_labels
     from fedvlp.data.missing import VAL_KEY as MISSING_VAL_KEY
     from fedvlp.data.missing import client_missing_tables, eval_tables, missing_table
 

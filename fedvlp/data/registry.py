@@ -50,11 +50,3 @@ DATASETS: Registry[DatasetReader] = Registry("dataset", "data.name", _check)
 
 def register_dataset(reader: DatasetReader) -> DatasetReader:
     return DATASETS.add(reader.name, reader)
-
-
-def datasets() -> Registry[DatasetReader]:
-    """The registry with the built-in datasets loaded (they register on import, as plugins do)."""
-    import fedvlp.data.readers  # noqa: F401
-    import fedvlp.data.synthetic  # noqa: F401
-
-    return DATASETS

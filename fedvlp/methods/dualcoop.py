@@ -27,8 +27,8 @@ import torch
 
 from fedvlp.methods import declarations
 from fedvlp.methods.base import ClientData, Method
-from fedvlp.methods.declarations import DualCoOpParams
 from fedvlp.methods.numerics import region_aggregate
+from fedvlp.methods.params import DualCoOpParams
 from fedvlp.methods.prompts import PromptTemplate
 from fedvlp.methods.registry import register
 

@@ -31,8 +31,8 @@ import torch.nn.functional as F
 from fedvlp.data.missing import FULL, MISSING_IMAGE, MISSING_TEXT
 from fedvlp.methods import declarations
 from fedvlp.methods.base import ClientData, Method, TokenInputs
-from fedvlp.methods.declarations import FedAvgPParams
 from fedvlp.methods.fedprime import prompt_sgd, token_inputs, trainable_pooler, vilt_classifier
+from fedvlp.methods.params import FedAvgPParams
 from fedvlp.methods.registry import register
 
 ONES_ROW = {FULL: 0, MISSING_IMAGE: 1, MISSING_TEXT: 2}  # the reference's one-hot-like initial rows

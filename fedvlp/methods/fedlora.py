@@ -74,8 +74,8 @@ import torch.nn.functional as F
 from fedvlp.errors import ConfigError
 from fedvlp.methods import declarations
 from fedvlp.methods.base import ClientData, Method, TokenInputs
-from fedvlp.methods.declarations import FedLoraParams, FedLoraViltParams
 from fedvlp.methods.fedprime import token_inputs, trainable_pooler, vilt_classifier
+from fedvlp.methods.params import FedLoraParams, FedLoraViltParams
 from fedvlp.methods.registry import register
 
 ADAPTER = "default"  # peft's adapter name; get_peft_model_state_dict strips it from the keys

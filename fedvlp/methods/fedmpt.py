@@ -41,8 +41,8 @@ import torch
 
 from fedvlp.methods import declarations
 from fedvlp.methods.base import ClientData, Method
-from fedvlp.methods.declarations import PAPER_CONDITIONS, FedMPTParams  # noqa: F401  (PAPER_CONDITIONS: read from here too)
 from fedvlp.methods.numerics import ot_region_scores, region_aggregate
+from fedvlp.methods.params import PAPER_CONDITIONS, FedMPTParams  # noqa: F401  (PAPER_CONDITIONS: read from here too)
 from fedvlp.methods.prompts import ConditionPromptTemplate, PromptTemplate
 from fedvlp.methods.registry import register
 

@@ -38,8 +38,8 @@ import torch
 
 from fedvlp.methods import declarations
 from fedvlp.methods.base import LOCAL, ClientData, Method
-from fedvlp.methods.declarations import FedOTPParams
 from fedvlp.methods.numerics import partial_transport, sinkhorn
+from fedvlp.methods.params import FedOTPParams
 from fedvlp.methods.prompts import PromptTemplate
 from fedvlp.methods.registry import register
 

@@ -10,7 +10,8 @@ selected prompts towards their inputs).
 
 Server (the platform's rules): intra prompts, pooler and classifier by FedAvg weighted by data
 size; inter prompts by the constrained clustering with Hungarian matching and a popularity
-network (`fedvlp.platform.clustering`, rule "hungarian"); the query projections are LOCAL.
+network (`fedvlp.platform.aggregation.hungarian`, rule "hungarian"); the query projections are
+LOCAL.
 
 Fed-Inter and Fed-Intra are the same method with one pool (`pools: inter` / `pools: intra`).
 
@@ -34,7 +35,7 @@ import torch.nn.functional as F
 
 from fedvlp.methods import declarations
 from fedvlp.methods.base import ClientData, Method, TokenInputs
-from fedvlp.methods.declarations import FedPrimeParams
+from fedvlp.methods.params import FedPrimeParams
 from fedvlp.methods.prompts import PromptPool
 from fedvlp.methods.registry import register
 

@@ -32,7 +32,7 @@ from torch import nn
 
 from fedvlp.methods import declarations
 from fedvlp.methods.base import ClientData, Method
-from fedvlp.methods.declarations import FedTPGParams
+from fedvlp.methods.params import FedTPGParams
 from fedvlp.methods.prompts import PromptTemplate
 from fedvlp.methods.registry import register
 

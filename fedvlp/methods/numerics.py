@@ -125,7 +125,7 @@ def partial_transport(cost: Tensor, a: Tensor, b: Tensor, epsilon: float = 0.01,
         plan = _partial_transport_scaling(neg_c.double(), a.double(), b.double(), max_iter, tol)
         if torch.isfinite(plan).all():
             return plan.to(cost.dtype)
-    return _partial_transport_log(neg_c, a, b, max_iter, tol)
+    return partial_transport_log(neg_c, a, b, max_iter, tol)
 
 
 def _partial_transport_scaling(neg_c: Tensor, a: Tensor, b: Tensor, max_iter: int, tol: float) -> Tensor:
@@ -144,7 +144,7 @@ def _partial_transport_scaling(neg_c: Tensor, a: Tensor, b: Tensor, max_iter: in
     return u * kernel * v.transpose(-1, -2)
 
 
-def _partial_transport_log(neg_c: Tensor, a: Tensor, b: Tensor, max_iter: int, tol: float) -> Tensor:
+def partial_transport_log(neg_c: Tensor, a: Tensor, b: Tensor, max_iter: int, tol: float) -> Tensor:
     """`partial_transport`'s iterations on log u and log v: no kernel entry can underflow, however small eps."""
     log_a, log_b = torch.log(a).to(neg_c.dtype), torch.log(b).to(neg_c.dtype)
     log_v = torch.zeros_like(log_b)

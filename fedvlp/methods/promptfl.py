@@ -13,7 +13,7 @@ import torch
 
 from fedvlp.methods import declarations
 from fedvlp.methods.base import ClientData, Method
-from fedvlp.methods.declarations import PromptFLParams
+from fedvlp.methods.params import PromptFLParams
 from fedvlp.methods.prompts import PromptTemplate
 from fedvlp.methods.registry import register
 

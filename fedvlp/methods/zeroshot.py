@@ -9,7 +9,7 @@ import torch
 
 from fedvlp.methods import declarations
 from fedvlp.methods.base import ClientData, Method
-from fedvlp.methods.declarations import ZeroShotParams
+from fedvlp.methods.params import ZeroShotParams
 from fedvlp.methods.registry import register
 
 

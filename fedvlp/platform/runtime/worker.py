@@ -14,11 +14,11 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import ray
 
-from fedvlp.backbones import load_backbone
+from fedvlp.backbones.loaders import load_backbone
 from fedvlp.data.missing import apply_missing
 from fedvlp.errors import first_line
 from fedvlp.platform.metrics import LOCAL_SETS
-from fedvlp.platform.updates import ClientUpdate
+from fedvlp.platform.runtime.updates import ClientUpdate
 from fedvlp.seeding import torch_generator
 
 if TYPE_CHECKING:
@@ -184,7 +184,7 @@ class ClientWorker:
         A client whose turn comes after the round's wall-clock deadline is skipped: its update
         would be left out anyway. Under secure aggregation (`secure`: the round's cohort, the weight
         kind, and the DP clip norm or None) the client clips its update if DP asks, then sends its
-        averaged parameters only as a masked vector (`fedvlp.platform.secagg.mask`).
+        averaged parameters only as a masked vector (`fedvlp.platform.aggregation.secagg.mask`).
         """
         global_state = _to(global_state, self.device)
         statuses: list[dict] = []
@@ -213,7 +213,7 @@ class ClientWorker:
         state = _to(self.method.global_state(), "cpu")
         masked = None
         if secure is not None:
-            from fedvlp.platform import privacy, secagg
+            from fedvlp.platform.aggregation import privacy, secagg
 
             if secure["clip_norm"] is not None:
                 state = privacy.clip_update(state, _to(global_state, "cpu"), secure["clip_norm"])

@@ -29,7 +29,7 @@ NAMESPACE = "fedvlp-warm"
 def code_digest() -> str:
     """sha256 of fedvlp's own source files: a pool started by other code is never lent."""
     digest = hashlib.sha256()
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]  # the fedvlp package
     for path in sorted(root.rglob("*.py")):
         digest.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes())
     return digest.hexdigest()

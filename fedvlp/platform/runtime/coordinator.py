@@ -6,11 +6,13 @@ rule's own state (a server optimiser's moments).
 
 Privacy (`privacy` = {"clip_norm", "noise_multiplier", "secure"}) changes only how the cohort's average of
 the averaged parameter groups is taken: DP-FedAvg clips every client's update over all those groups jointly
-and adds Gaussian noise to the sum (`fedvlp.platform.privacy`); under secure aggregation the coordinator only
-receives masked vectors and recovers their sum (`fedvlp.platform.secagg`), noised if DP is on.
+and adds Gaussian noise to the sum (`fedvlp.platform.aggregation.privacy`); under secure aggregation the
+coordinator only receives masked vectors and recovers their sum (`fedvlp.platform.aggregation.secagg`), noised if
+DP is on.
 """
 from __future__ import annotations
 
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import ray
@@ -18,7 +20,7 @@ import ray
 if TYPE_CHECKING:
     import torch
 
-    from fedvlp.platform.updates import ClientUpdate
+    from fedvlp.platform.runtime.updates import ClientUpdate
 
 
 @ray.remote(max_restarts=0)
@@ -28,10 +30,10 @@ class Coordinator:
 
     The driver imports this module for the actor class only: what needs torch is imported in the methods."""
 
-    def __init__(self, seed: int, client_store: tuple[str, int], checkpoint: bytes | None = None,
+    def __init__(self, seed: int, client_store: tuple[str | None, int], checkpoint: bytes | None = None,
                  plugins: tuple[str, ...] = ()):
-        from fedvlp.platform import checkpoint as checkpoints
-        from fedvlp.platform.client_states import ClientStateStore
+        from fedvlp.platform.records import checkpoint as checkpoints
+        from fedvlp.platform.runtime.client_states import ClientStateStore
         from fedvlp.plugins import load_plugins
         from fedvlp.seeding import new_process_seed
 
@@ -50,6 +52,10 @@ class Coordinator:
         from fedvlp.seeding import reset_reused_actor
 
         reset_reused_actor(self, *init_args)
+
+    def spill_to(self, spill_dir: str) -> None:
+        """Where client states past the memory budget go: the run's folder, named once its MLflow run is open."""
+        self.client_states.spill_dir = Path(spill_dir)
 
     def begin(self, state: dict[str, torch.Tensor], rules: dict[str, str], rule_options: dict,
               privacy: dict | None = None) -> None:
@@ -125,8 +131,7 @@ class Coordinator:
         average is `private_average` (uniform weights, noise from the round's "privacy" stream, groups in order).
         Secure aggregation: the masked vectors are unmasked to their sum once; each group takes its slice, noised
         if DP is on (the clients clipped before masking), divided by the cohort's weight otherwise."""
-        from fedvlp.platform import privacy, secagg
-        from fedvlp.platform.aggregation import is_average
+        from fedvlp.platform.aggregation import is_average, privacy, secagg
         from fedvlp.seeding import torch_generator
 
         clip, sigma, secure = self.privacy["clip_norm"], self.privacy["noise_multiplier"], self.privacy["secure"]
@@ -157,6 +162,6 @@ class Coordinator:
 
     def checkpoint(self, plain: dict) -> bytes:
         """The round checkpoint, `snapshot` and the driver's `plain` entries, as the bytes the driver writes."""
-        from fedvlp.platform import checkpoint as checkpoints
+        from fedvlp.platform.records import checkpoint as checkpoints
 
         return checkpoints.encode({**self.snapshot(), **plain})

@@ -25,19 +25,22 @@ def _nbytes(state: dict[str, torch.Tensor]) -> int:
 
 
 class ClientStateStore:
-    def __init__(self, spill_dir: str | Path, budget_bytes: int, snapshot: dict | None = None):
-        self.spill_dir, self.budget_bytes = Path(spill_dir), budget_bytes
+    def __init__(self, spill_dir: str | Path | None, budget_bytes: int, snapshot: dict | None = None):
+        """`spill_dir` may come later (before the first state past the budget): a new run's folder is named by
+        its MLflow run, which opens while the run starts."""
+        self.spill_dir, self.budget_bytes = Path(spill_dir) if spill_dir else None, budget_bytes
         self.in_memory: dict[int, dict] = _unstack(snapshot["stacked"]) if snapshot else {}
         self.on_disk: dict[int, int] = dict(snapshot["on_disk"].tolist()) if snapshot else {}  # client -> file's round
         self.memory_bytes = sum(_nbytes(s) for s in self.in_memory.values())
         self._superseded: list[tuple[int, Path]] = []  # (round superseded, file)
-        if snapshot:  # files a crashed round wrote after this checkpoint, or not yet removed
+        if snapshot and self.spill_dir:  # files a crashed round wrote after this checkpoint, or not yet removed
             kept = {self._file(cid, r) for cid, r in self.on_disk.items()}
             for path in self.spill_dir.glob("*.safetensors"):
                 if path not in kept:
                     path.unlink()
 
     def _file(self, client_id: int, round_index: int) -> Path:
+        assert self.spill_dir is not None, "the coordinator's spill_to comes before the first aggregation"
         return self.spill_dir / f"client{client_id}-round{round_index}.safetensors"
 
     def __len__(self) -> int:
@@ -60,8 +63,8 @@ class ClientStateStore:
             self.memory_bytes += size - (held or 0)
             self.in_memory[client_id] = state
             return
-        self.spill_dir.mkdir(parents=True, exist_ok=True)
         path = self._file(client_id, round_index)
+        path.parent.mkdir(parents=True, exist_ok=True)
         save_file({k: v.contiguous() for k, v in state.items()}, str(path.with_suffix(".tmp")))
         path.with_suffix(".tmp").replace(path)
         if client_id in self.on_disk and self.on_disk[client_id] != round_index:

@@ -8,8 +8,8 @@ noise multiplier sigma is therefore the ratio of the noise's standard deviation 
 
 Departures from the paper:
 
-* Cohorts here are drawn with a fixed size m WITHOUT replacement (`fedvlp.platform.sampling`), not by
-  Poisson sampling with expected size qN, so the estimator divides by the actual, public, m and the accounting
+* Cohorts here are drawn with a fixed size m WITHOUT replacement (`fedvlp.platform.runtime.cohorts`), not
+  by Poisson sampling with expected size qN, so the estimator divides by the actual, public, m and the accounting
   uses the bound for sampling without replacement (`epsilon`).
 * Weighting is uniform. The paper's weighted estimator needs a bound on each weight; with sample-count
   weights a client's influence on the sum, and so its sensitivity, would grow with its data size.

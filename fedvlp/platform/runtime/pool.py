@@ -15,14 +15,13 @@ unchanged.
 """
 from __future__ import annotations
 
-import math
-
 import numpy as np
 import ray
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from fedvlp.errors import RoundTimeoutError
-from fedvlp.platform.worker import ClientWorker
+from fedvlp.platform.runtime.cohorts import balance_cohort, client_costs
+from fedvlp.platform.runtime.worker import ClientWorker
 
 EVAL_BLOCK = 256  # test samples per block; blocks are spread over workers, fixed so scores never depend on P
 
@@ -145,35 +144,6 @@ class WorkerPool:
                 if not _alive(actor):
                     self.replace(index, actor)
             return wait_all([call(a) for a in self.actors], what, self.spec.resources.round_timeout_s)
-
-
-def client_costs(spec, parts: list[np.ndarray]) -> list[int]:
-    """Each client's work in a round, as `balance_cohort` weighs it: its local steps per epoch (every client of a
-    run trains the same epochs, and a step costs about the same whatever its batch's size)."""
-    batch = getattr(spec.method.params, "batch_size", 1)
-    return [math.ceil(len(p) / batch) for p in parts]
-
-
-def balance_cohort(cohort: list[int], home: dict[int, int], cost: list[int], workers: int) -> dict[int, int]:
-    """Each cohort client's worker: its home, except where moving a client from the busiest worker to the idlest
-    shortens the longer of the two. Of the clients that could move, the one that leaves the two closest to even
-    (the lowest id on a tie). Deterministic, and it ends: every move lowers the sum of squared loads.
-    `cost[c]` is client c's work (local steps per epoch)."""
-    placed = {cid: home[cid] for cid in cohort}
-    load = [0] * workers
-    for cid in cohort:
-        load[placed[cid]] += cost[cid]
-    while True:
-        busiest = max(range(workers), key=lambda w: (load[w], -w))
-        idlest = min(range(workers), key=lambda w: (load[w], w))
-        movable = [(max(load[busiest] - cost[c], load[idlest] + cost[c]), c)
-                   for c in sorted(placed) if placed[c] == busiest]
-        longer, cid = min(movable, default=(load[busiest], -1))
-        if longer >= load[busiest]:
-            return placed
-        placed[cid] = idlest
-        load[busiest] -= cost[cid]
-        load[idlest] += cost[cid]
 
 
 def _alive(actor) -> bool:

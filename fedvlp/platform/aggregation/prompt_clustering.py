@@ -26,8 +26,9 @@ does the scale network.
 ``cluster_pool`` wraps this for one pool, with the reference's choices as options: which prompts are
 clustered (the ones the clients selected this round, or all) and which centroids make the new pool
 (every used one, so its size varies, or the top tau); it returns diagnostics to log every round
-(``pool_diagnostics``). ``hungarian_cluster`` is the platform aggregator for one round (same keys in as
-out; by default also the same shapes) and ``hungarian_cluster_report`` the same with the diagnostics.
+(``pool_diagnostics``). ``hungarian_cluster`` (in ``fedvlp.platform.aggregation.hungarian``, beside the rule
+"hungarian") is the platform aggregator for one round (same keys in as out; by default also the same shapes)
+and ``hungarian_cluster_report`` the same with the diagnostics.
 
 Reference: FED-PRIME (hangpt01/FedPrime, algorithm/multimodal/food101/nonparametric_aggregation.py
 NonparametricAgg and Server.aggregate in Fed-Prime.py). Written from its semantics, not its code.
@@ -463,41 +464,3 @@ def cluster_pool(pools: Sequence[torch.Tensor], generator: torch.Generator, *, s
     diagnostics = pool_diagnostics(clustered, result, new, previous)
     return PoolUpdate(prompts=new_pool, rows=rows, kept=kept, carried=carried, clustering=result,
                       diagnostics=diagnostics)
-
-
-def hungarian_cluster_report(states: Sequence[State], num_samples: Sequence[int], *, generator: torch.Generator,
-                             keep: str = "top", previous: State | None = None,
-                             **options) -> tuple[State, dict[str, float]]:
-    """``hungarian_cluster`` and the diagnostics of every key, as ``{f"{key}/{name}": value}``
-    (``pool_diagnostics``), for the coordinator to log each round. ``previous``: the old global state."""
-    if not states:
-        raise ValueError("hungarian_cluster: no states to aggregate")
-    if len(num_samples) != len(states):
-        raise ValueError(f"hungarian_cluster: {len(states)} states but {len(num_samples)} sample counts")
-    out, report = {}, {}
-    for key, first in states[0].items():
-        if first.dim() < 1 or first.shape[0] < 1:
-            raise ValueError(f"hungarian_cluster: {key!r} is not a pool [tau, ...], got {tuple(first.shape)}")
-        update = cluster_pool([state[key] for state in states], generator, keep=keep,
-                              previous=None if previous is None else previous[key], **options)
-        out[key] = update.prompts
-        report.update({f"{key}/{name}": value for name, value in update.diagnostics.items()})
-    return out, report
-
-
-def hungarian_cluster(states: Sequence[State], num_samples: Sequence[int], *, generator: torch.Generator,
-                      keep: str = "top", **options) -> State:
-    """FED-PRIME's inter-client prompt aggregation as a platform aggregator (``cluster_pool`` on every key).
-
-    Every key holds one prompt pool per client, [tau, D] (or [tau, ...]). Options are ``cluster_pool``'s
-    (``selected``, ``prompts``, ``pool_size``, ``max_pool``, ``outer_loops``, ``lr``, ``hidden``, ``schedule``);
-    this is one round with a fresh popularity network (the platform's rule "hungarian" carries it). ``keep``
-    defaults to 'top' here, not to the reference's 'used': with it (and no ``selected``) the result has the
-    same keys and shapes as the input, which is what the platform's methods can load until they rebuild
-    their pool from a state of another size.
-
-    ``num_samples`` is accepted for the common aggregator signature and not used: the reference does
-    not weight the clustering by client data size. Keys are processed in the order of ``states[0]``,
-    all drawing from ``generator``.
-    """
-    return hungarian_cluster_report(states, num_samples, generator=generator, keep=keep, **options)[0]

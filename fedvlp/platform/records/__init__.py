@@ -1,0 +1,1 @@
+"""What a run leaves behind: round checkpoints (`checkpoint`) and its MLflow run (`tracking`)."""
