@@ -24,6 +24,7 @@ from pathlib import Path
 
 import _common as common
 
+from fedvlp.platform.studies import spaces
 from fedvlp.platform.studies import sweep as sweeps
 
 TARGET_S = 3.0
@@ -38,7 +39,7 @@ def timed_sweep(space: str, reuse: bool) -> tuple[dict, str, str]:
     shutil.rmtree(scratch, ignore_errors=True)
     scratch.mkdir(parents=True)
     uri = f"sqlite:///{scratch / 'mlflow.db'}"
-    sweep = dataclasses.replace(sweeps.load_sweep(space, [f"tracking.uri={uri}", f"output_dir={scratch / 'runs'}"]),
+    sweep = dataclasses.replace(spaces.load_sweep(space, [f"tracking.uri={uri}", f"output_dir={scratch / 'runs'}"]),
                                 storage=scratch / "tune")
     spans: dict[str, list[float]] = {}
     progress = sweeps.sweep_progress
