@@ -280,3 +280,11 @@ HASHED = {"fedvlp/backbones/pretrain_clip.py": ["29: fedvlp.backbones.pretrain._
 def test_no_module_reaches_into_another_modules_private_names(folder):
     uses = {str(path.relative_to(REPO)): private_uses(path) for path in sorted((REPO / folder).rglob("*.py"))}
     assert {path: found for path, found in uses.items() if found and HASHED.get(path) != found} == {}
+
+
+def test_the_check_catches_a_reach_into_a_private_name(tmp_path):
+    bad = tmp_path / "bad.py"
+    bad.write_text("from fedvlp.platform.studies.spaces import _secret\nfrom fedvlp.platform.runtime import engine\n"
+                   "engine._open_tracker\n")
+    assert private_uses(bad) == ["1: fedvlp.platform.studies.spaces._secret",
+                                 "3: fedvlp.platform.runtime.engine._open_tracker"]
